@@ -30,3 +30,76 @@ impl fmt::Display for BuildError {
 }
 
 impl std::error::Error for BuildError {}
+
+/// A [`timeout`](crate::Wheel::timeout) ran out before its future completed.
+///
+/// [`is_shutdown`](Elapsed::is_shutdown) tells the two ways that happens apart: the deadline
+/// passed, or the wheel shut down first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed {
+    shutdown: bool,
+}
+
+impl Elapsed {
+    pub(crate) fn new(shutdown: bool) -> Elapsed {
+        Elapsed { shutdown }
+    }
+
+    /// `true` if the wheel shut down before the deadline, rather than the deadline passing.
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown
+    }
+}
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.shutdown {
+            f.write_str("timer wheel shut down before the deadline")
+        } else {
+            f.write_str("deadline has elapsed")
+        }
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+/// Why a job produced no value; the error of awaiting a [`JobHandle`](crate::JobHandle).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JobError {
+    /// Cancelled or aborted before it finished.
+    Cancelled,
+    /// The job panicked; the payload's message, if it was a string.
+    Panicked(String),
+    /// The wheel (or its runtime) stopped before the job ran or finished.
+    Shutdown,
+}
+
+impl JobError {
+    /// Whether the job was cancelled or aborted.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, JobError::Cancelled)
+    }
+
+    /// Whether the job panicked.
+    pub fn is_panic(&self) -> bool {
+        matches!(self, JobError::Panicked(_))
+    }
+
+    /// Whether the wheel stopped before the job could run or finish.
+    pub fn is_shutdown(&self) -> bool {
+        matches!(self, JobError::Shutdown)
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JobError::Cancelled => f.write_str("job was cancelled"),
+            JobError::Panicked(message) => write!(f, "job panicked: {message}"),
+            JobError::Shutdown => f.write_str("timer wheel shut down before the job finished"),
+        }
+    }
+}
+
+impl std::error::Error for JobError {}

@@ -63,6 +63,22 @@ pub struct Key {
     generation: u32,
 }
 
+impl Key {
+    /// The key as one `u64`, e.g. to keep it in an atomic.
+    pub fn into_raw(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+
+    /// A key from [`into_raw`](Self::into_raw). Any `u64` is accepted: one that names no
+    /// entry is simply stale.
+    pub fn from_raw(raw: u64) -> Self {
+        Key {
+            index: raw as u32,
+            generation: (raw >> 32) as u32,
+        }
+    }
+}
+
 /// An entry handed back by [`TimerWheel::poll_expired`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

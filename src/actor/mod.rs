@@ -1,0 +1,187 @@
+//! The actor: one task that owns a cascade wheel and everything filed in it.
+//!
+//! Every actor runs the same loop (this module); what it holds and how it fires is a
+//! [`Machine`]: [`timers::TimerMachine`] for sleeps and jobs, and one keyed machine per
+//! [`Wheel::keyed`](crate::Wheel::keyed) set. The loop
+//!
+//! 1. fires what is due, in batches of [`FIRE_BATCH`], yielding between batches so a burst
+//!    never starves the runtime;
+//! 2. arms a single `tokio::time::Sleep` at the next occupied slot — it never ticks while idle;
+//! 3. waits for that sleep, for commands (applied in batches of up to [`COMMAND_BATCH`]), or for
+//!    shutdown.
+//!
+//! An actor stops on shutdown, when its runtime drops it, or on its own once no handle can
+//! reach it and nothing is filed. However it stops, [`Actor`]'s `Drop` resolves everything
+//! still pending, so nothing created by the wheel hangs.
+
+pub(crate) mod timers;
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::handle::Shared;
+use crate::stats::Delta;
+
+/// Commands applied per wake-up before the actor fires and re-arms.
+pub(crate) const COMMAND_BATCH: usize = 1024;
+/// Timers fired before the actor yields to the runtime.
+pub(crate) const FIRE_BATCH: usize = 1024;
+
+/// What an actor holds and how it applies commands and fires.
+pub(crate) trait Machine: Send + 'static {
+    type Command: Send + 'static;
+
+    /// Applies one command.
+    fn apply(&mut self, command: Self::Command, shared: &Arc<Shared>, delta: &mut Delta);
+
+    /// Fires up to `budget` timers due at tick `now`; returns how many it fired.
+    fn fire(&mut self, now: u64, budget: usize, shared: &Arc<Shared>, delta: &mut Delta) -> usize;
+
+    /// The tick of the next work, if anything is filed.
+    fn next_expiration(&self) -> Option<u64>;
+
+    /// How many timers are filed.
+    fn len(&self) -> usize;
+
+    /// The wheel's cascade count so far.
+    fn cascades(&self) -> u64;
+
+    /// A command that arrived after the actor stopped: resolve it as shut down.
+    fn refuse(&mut self, command: Self::Command);
+
+    /// The actor stops: resolve everything filed as shut down.
+    fn shut_down(&mut self, shared: &Arc<Shared>, delta: &mut Delta);
+}
+
+/// A machine with its command queue; dropping it resolves everything it still holds.
+pub(crate) struct Actor<M: Machine> {
+    machine: M,
+    commands: UnboundedReceiver<M::Command>,
+    shared: Arc<Shared>,
+    delta: Delta,
+    reported_pending: usize,
+    reported_cascades: u64,
+}
+
+impl<M: Machine> Actor<M> {
+    /// Counts the actor as live at once, so `shutdown()` waits for it even before it runs.
+    pub(crate) fn new(
+        machine: M,
+        commands: UnboundedReceiver<M::Command>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        shared.live_actors.send_modify(|live| *live += 1);
+        Actor {
+            machine,
+            commands,
+            shared,
+            delta: Delta::default(),
+            reported_pending: 0,
+            reported_cascades: 0,
+        }
+    }
+
+    /// Spawns the actor on the wheel's runtime.
+    pub(crate) fn spawn(self, kind: &'static str) {
+        let span = tracing::debug_span!("tokio_wheel::actor", wheel = %self.shared.name, kind);
+        let runtime = self.shared.runtime.clone();
+        runtime.spawn(self.run().instrument(span));
+    }
+
+    async fn run(mut self) {
+        tracing::debug!("actor started");
+        let mut shutdown = self.shared.shutdown.subscribe();
+        let mut batch = Vec::with_capacity(COMMAND_BATCH);
+        let timer = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(timer);
+        let mut armed: Option<u64> = None;
+        let mut open = true;
+        loop {
+            if *shutdown.borrow_and_update() {
+                break;
+            }
+            while self.fire_due() == FIRE_BATCH {
+                tokio::task::yield_now().await;
+            }
+            self.flush_stats();
+            if !open && self.machine.len() == 0 {
+                tracing::debug!("no handle left and nothing pending: actor exits");
+                break;
+            }
+            match self.machine.next_expiration() {
+                Some(tick) if armed != Some(tick) => {
+                    timer.as_mut().reset(self.shared.clock.instant_of(tick));
+                    armed = Some(tick);
+                }
+                Some(_) => {}
+                None => armed = None,
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => break,
+                received = self.commands.recv_many(&mut batch, COMMAND_BATCH), if open => {
+                    if received == 0 {
+                        open = false;
+                    }
+                    tracing::trace!(received, "applying commands");
+                    self.delta.commands += received as u64;
+                    for command in batch.drain(..) {
+                        self.machine.apply(command, &self.shared, &mut self.delta);
+                    }
+                }
+                () = &mut timer, if armed.is_some() => armed = None,
+            }
+        }
+        self.stop();
+    }
+
+    fn fire_due(&mut self) -> usize {
+        let now = self.shared.clock.now_tick();
+        let fired = self
+            .machine
+            .fire(now, FIRE_BATCH, &self.shared, &mut self.delta);
+        if fired > 0 {
+            tracing::trace!(fired, now, "fired");
+        }
+        fired
+    }
+
+    fn flush_stats(&mut self) {
+        let pending = self.machine.len();
+        let cascades = self.machine.cascades();
+        let change = pending as i64 - self.reported_pending as i64;
+        self.shared
+            .stats
+            .merge(&mut self.delta, change, cascades - self.reported_cascades);
+        self.reported_pending = pending;
+        self.reported_cascades = cascades;
+    }
+
+    /// Refuses every command still queued, then resolves everything filed. Idempotent.
+    fn stop(&mut self) {
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            self.delta.commands += 1;
+            self.machine.refuse(command);
+        }
+        if self.machine.len() > 0 {
+            tracing::debug!(
+                pending = self.machine.len(),
+                "actor stops with timers pending"
+            );
+        }
+        self.machine.shut_down(&self.shared, &mut self.delta);
+        self.flush_stats();
+    }
+}
+
+impl<M: Machine> Drop for Actor<M> {
+    fn drop(&mut self) {
+        self.stop();
+        self.shared.live_actors.send_modify(|live| *live -= 1);
+        tracing::debug!("actor stopped");
+    }
+}

@@ -1,0 +1,267 @@
+//! [`Wheel`]: the cheap, cloneable handle every other type starts from.
+
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::actor::timers::Command;
+use crate::builder::Builder;
+use crate::clock::{Clock, deadline_after};
+use crate::interval::Interval;
+use crate::job::{JobHandle, Schedule};
+use crate::keyed::{Expirations, Timers};
+use crate::sleep::Sleep;
+use crate::stats::{Stats, StatsCell};
+use crate::timeout::Timeout;
+
+/// What the actors and the handles share. Actors hold this, never [`Inner`], so the command
+/// channel closes when the last handle goes.
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) clock: Clock,
+    pub(crate) runtime: Handle,
+    pub(crate) levels: Vec<u32>,
+    /// Set once the wheel stops; new timers are refused from then on.
+    pub(crate) closed: AtomicBool,
+    pub(crate) shutdown: watch::Sender<bool>,
+    /// Actors not yet stopped; `shutdown()` waits for zero.
+    pub(crate) live_actors: watch::Sender<usize>,
+    pub(crate) stats: StatsCell,
+}
+
+impl Shared {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) shared: Arc<Shared>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+/// A handle to a timer wheel: one actor task owning a cascade of wheels, plus everything
+/// created from it.
+///
+/// `Wheel` is cheap to clone (an `Arc`), `Send + Sync + 'static`; every clone talks to the
+/// same actor. Start one with [`Wheel::new`] or [`Wheel::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio_wheel::Wheel;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let wheel = Wheel::new();
+/// wheel.sleep(Duration::from_millis(10)).await;
+///
+/// let job = wheel.spawn_after(Duration::from_secs(1), async { 6 * 7 });
+/// assert_eq!(job.await, Ok(42));
+///
+/// let (timers, mut expired) = wheel.keyed::<&str, u32>();
+/// timers.set("conn-1", 7, Duration::from_secs(30));
+/// use futures::StreamExt;
+/// let e = expired.next().await.unwrap();
+/// assert_eq!(e.into_parts(), ("conn-1", 7));
+/// # }
+/// ```
+///
+/// # Lifetime
+///
+/// The actor runs while anything still needs it — a handle, a future, a job, a keyed entry —
+/// and then exits on its own; a detached job still fires after every handle is dropped.
+/// [`shutdown`](Wheel::shutdown) stops it early, resolving everything pending.
+#[derive(Clone)]
+pub struct Wheel {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Wheel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wheel")
+            .field("name", &self.inner.shared.name)
+            .field("tick", &self.tick())
+            .field("levels", &self.inner.shared.levels)
+            .field("closed", &self.is_shutdown())
+            .finish()
+    }
+}
+
+impl Default for Wheel {
+    fn default() -> Self {
+        Wheel::new()
+    }
+}
+
+impl Wheel {
+    /// A wheel with the default settings (1 ms tick, [`Layout::clock`](crate::Layout::clock))
+    /// on the current runtime: `Wheel::builder().build()`.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime. Use [`Builder::runtime`] to name one, or
+    /// [`Builder::try_build`] to get an error instead.
+    pub fn new() -> Wheel {
+        Builder::new().build()
+    }
+
+    /// A [`Builder`] to configure tick, layout, name and runtime.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    pub(crate) fn from_parts(
+        shared: Arc<Shared>,
+        commands: mpsc::UnboundedSender<Command>,
+    ) -> Wheel {
+        Wheel {
+            inner: Arc::new(Inner { shared, commands }),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// Sends a command to the main actor; `false` if the wheel has stopped.
+    pub(crate) fn send(&self, command: Command) -> bool {
+        if self.inner.shared.is_closed() {
+            return false;
+        }
+        self.inner.commands.send(command).is_ok()
+    }
+
+    /// The wheel's resolution.
+    pub fn tick(&self) -> Duration {
+        self.inner.shared.clock.tick()
+    }
+
+    /// The wheel's name (from [`Builder::name`]).
+    pub fn name(&self) -> &str {
+        &self.inner.shared.name
+    }
+
+    /// Whether the wheel has stopped: [`shutdown`](Wheel::shutdown) was called, or the runtime
+    /// running its actor shut down.
+    pub fn is_shutdown(&self) -> bool {
+        self.inner.shared.is_closed()
+    }
+
+    /// A future that completes `duration` from now (saturating: `Duration::MAX` never
+    /// overflows). See [`Sleep`].
+    pub fn sleep(&self, duration: Duration) -> Sleep {
+        Sleep::new(self.clone(), deadline_after(duration))
+    }
+
+    /// A future that completes at `deadline`. See [`Sleep`].
+    pub fn sleep_until(&self, deadline: Instant) -> Sleep {
+        Sleep::new(self.clone(), deadline)
+    }
+
+    /// Runs `future`, giving up after `duration` with [`Elapsed`](crate::Elapsed).
+    pub fn timeout<F: Future>(&self, duration: Duration, future: F) -> Timeout<F> {
+        Timeout::new(future, self.sleep(duration))
+    }
+
+    /// Runs `future`, giving up at `deadline` with [`Elapsed`](crate::Elapsed).
+    pub fn timeout_at<F: Future>(&self, deadline: Instant, future: F) -> Timeout<F> {
+        Timeout::new(future, self.sleep_until(deadline))
+    }
+
+    /// An [`Interval`] ticking every `period`, the first tick at once.
+    ///
+    /// # Panics
+    ///
+    /// If `period` is zero.
+    pub fn interval(&self, period: Duration) -> Interval {
+        self.interval_at(Instant::now(), period)
+    }
+
+    /// An [`Interval`] ticking every `period`, the first tick at `start`.
+    ///
+    /// # Panics
+    ///
+    /// If `period` is zero.
+    pub fn interval_at(&self, start: Instant, period: Duration) -> Interval {
+        Interval::new(self.sleep_until(start), period)
+    }
+
+    /// Runs `future` as a Tokio task on the wheel's runtime once `delay` has passed.
+    /// See [`JobHandle`].
+    pub fn spawn_after<F>(&self, delay: Duration, future: F) -> JobHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.spawn_at(deadline_after(delay), future)
+    }
+
+    /// Runs `future` as a Tokio task on the wheel's runtime at `deadline`. See [`JobHandle`].
+    pub fn spawn_at<F>(&self, deadline: Instant, future: F) -> JobHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        JobHandle::one_shot(self.clone(), deadline, future)
+    }
+
+    /// Runs the future `job` makes every `period`, the first run one period from now; runs
+    /// never overlap. See [`Schedule`] and [`JobHandle`].
+    ///
+    /// # Panics
+    ///
+    /// If `period` is zero.
+    pub fn spawn_every<J, F>(&self, period: Duration, schedule: Schedule, job: J) -> JobHandle<()>
+    where
+        J: FnMut() -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        JobHandle::periodic(self.clone(), period, schedule, job)
+    }
+
+    /// A set of keyed timers: [`Timers`] to set, move and remove them by key, and the
+    /// [`Expirations`] stream that delivers each one when it fires. Each set runs its own
+    /// actor on the wheel's runtime, sharing the wheel's clock, stats and shutdown.
+    pub fn keyed<K, V>(&self) -> (Timers<K, V>, Expirations<K, V>)
+    where
+        K: Eq + Hash + Clone + Send + 'static,
+        V: Send + 'static,
+    {
+        crate::keyed::new(self.clone())
+    }
+
+    /// A snapshot of the wheel's counters.
+    pub fn stats(&self) -> Stats {
+        let shared = &self.inner.shared;
+        shared
+            .stats
+            .snapshot(&shared.name, *shared.live_actors.borrow())
+    }
+
+    /// Stops the wheel gracefully and waits until every actor has stopped.
+    ///
+    /// New timers are refused from the moment this is called (sleeps resolve at once, jobs
+    /// return [`JobError::Shutdown`](crate::JobError::Shutdown), keyed `set`s are dropped).
+    /// Pending sleeps and interval ticks resolve; pending timeouts return
+    /// [`Elapsed`](crate::Elapsed) with [`is_shutdown`](crate::Elapsed::is_shutdown); jobs not
+    /// yet started return `JobError::Shutdown` (running ones finish); pending keyed entries are
+    /// delivered marked [`is_shutdown`](crate::Expired::is_shutdown), then the streams end.
+    /// Calling it again is harmless.
+    pub async fn shutdown(&self) {
+        let shared = &self.inner.shared;
+        if !shared.closed.swap(true, Ordering::AcqRel) {
+            tracing::debug!(wheel = %shared.name, "shutdown requested");
+        }
+        shared.shutdown.send_replace(true);
+        let mut live = shared.live_actors.subscribe();
+        // The sender lives in `shared`, so this cannot fail while we hold it.
+        let _ = live.wait_for(|live| *live == 0).await;
+    }
+}
