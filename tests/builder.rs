@@ -1,0 +1,117 @@
+//! Building wheels: defaults, options, and clear errors for bad configurations.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_wheel::{BuildError, Layout, Wheel};
+
+#[test]
+fn outside_a_runtime_try_build_says_so() {
+    let error = Wheel::builder().try_build().unwrap_err();
+    assert_eq!(error, BuildError::NoRuntime);
+    assert!(error.to_string().contains("Builder::runtime"), "{error}");
+}
+
+#[test]
+#[should_panic(expected = "no Tokio runtime: build the wheel inside a runtime")]
+fn outside_a_runtime_new_panics_with_what_to_do() {
+    let _ = Wheel::new();
+}
+
+#[test]
+fn a_named_runtime_lets_a_wheel_be_built_anywhere() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let wheel = Wheel::builder()
+        .runtime(runtime.handle().clone())
+        .name("outside")
+        .build();
+    runtime.block_on(async {
+        let start = Instant::now();
+        wheel.sleep(Duration::from_millis(20)).await;
+        assert!(start.elapsed() >= Duration::from_millis(20));
+    });
+    assert_eq!(wheel.stats().name, "outside");
+}
+
+#[tokio::test]
+async fn bad_configurations_are_errors_not_panics() {
+    assert_eq!(
+        Wheel::builder()
+            .tick(Duration::ZERO)
+            .try_build()
+            .unwrap_err(),
+        BuildError::ZeroTick
+    );
+    let huge = Duration::from_secs(10 * 365 * 86_400);
+    assert!(matches!(
+        Wheel::builder().tick(huge).try_build(),
+        Err(BuildError::InvalidLayout(_))
+    ));
+    for levels in [&[][..], &[1], &[64, 0], &[5_000], &[2; 17]] {
+        let error = Layout::custom(levels).unwrap_err();
+        assert!(matches!(error, BuildError::InvalidLayout(_)), "{levels:?}");
+        assert!(
+            error.to_string().starts_with("invalid wheel layout: "),
+            "{error}"
+        );
+    }
+}
+
+#[tokio::test]
+#[should_panic(expected = "tokio-wheel: the tick must be longer than zero")]
+async fn build_panics_with_the_error_message() {
+    let _ = Wheel::builder().tick(Duration::ZERO).build();
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_layout_drives_timers_correctly() {
+    let layouts = [
+        Layout::clock(),
+        Layout::binary(),
+        Layout::custom(&[8, 8, 8]).unwrap(),
+    ];
+    for layout in layouts {
+        let wheel = Wheel::builder().layout(layout.clone()).try_build().unwrap();
+        for millis in [1u64, 63, 64, 65, 511, 513, 4_097, 200_000] {
+            let start = Instant::now();
+            wheel.sleep(Duration::from_millis(millis)).await;
+            let took = start.elapsed();
+            assert!(
+                took >= Duration::from_millis(millis),
+                "{layout:?} {millis} ms: {took:?}"
+            );
+            assert!(
+                took <= Duration::from_millis(millis + 2),
+                "{layout:?} {millis} ms: {took:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_coarse_tick_is_never_early_and_at_most_one_tick_late() {
+    let tick = Duration::from_millis(10);
+    let wheel = Wheel::builder().tick(tick).build();
+    assert_eq!(wheel.tick(), tick);
+    for millis in [1u64, 9, 10, 11, 25, 999] {
+        let start = Instant::now();
+        wheel.sleep(Duration::from_millis(millis)).await;
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(millis),
+            "{millis} ms: {took:?}"
+        );
+        assert!(
+            took <= Duration::from_millis(millis) + tick + Duration::from_millis(1),
+            "{millis} ms: {took:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_name_shows_in_debug_and_stats() {
+    let wheel = Wheel::builder().name("conn-expiry").build();
+    assert_eq!(wheel.name(), "conn-expiry");
+    assert!(format!("{wheel:?}").contains("conn-expiry"));
+    assert_eq!(wheel.stats().name, "conn-expiry");
+}

@@ -1,0 +1,212 @@
+//! Keyed timers: set, reset, remove, take, drain, len, and the expirations stream.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use support::settle;
+use tokio::time::Instant;
+use tokio_wheel::{Expirations, Timers, Wheel};
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[tokio::test(start_paused = true)]
+async fn entries_expire_in_deadline_order_with_their_values() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let (timers, mut expired) = wheel.keyed::<u32, String>();
+    timers.set(3, "c".into(), secs(30));
+    timers.set(1, "a".into(), secs(10));
+    timers.set(2, "b".into(), secs(20));
+    for (key, value, due) in [(1, "a", 10), (2, "b", 20), (3, "c", 30)] {
+        let e = expired.next().await.unwrap();
+        assert_eq!((e.key(), e.value().as_str()), (&key, value));
+        assert_eq!(e.deadline(), start + secs(due));
+        assert!(!e.is_shutdown());
+        let at = start.elapsed();
+        assert!(
+            at >= secs(due) && at <= secs(due) + Duration::from_millis(2),
+            "{at:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn set_replaces_value_and_deadline() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let (timers, mut expired) = wheel.keyed::<&str, u32>();
+    timers.set("k", 1, secs(10));
+    timers.set("k", 2, secs(40));
+    assert_eq!(timers.len().await, 1);
+    let e = expired.next().await.unwrap();
+    assert_eq!(e.into_parts(), ("k", 2));
+    assert!(start.elapsed() >= secs(40));
+}
+
+#[tokio::test(start_paused = true)]
+async fn reset_postpones_and_advances() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let (timers, mut expired) = wheel.keyed::<&str, ()>();
+    timers.set("postponed", (), secs(10));
+    timers.set("advanced", (), secs(100));
+    timers.reset(&"postponed", secs(50));
+    timers.reset_at(&"advanced", start + secs(5));
+    timers.reset(&"absent", secs(1)); // no-op
+    let first = expired.next().await.unwrap();
+    assert_eq!(*first.key(), "advanced");
+    assert_eq!(first.deadline(), start + secs(5));
+    let second = expired.next().await.unwrap();
+    assert_eq!(*second.key(), "postponed");
+    assert!(start.elapsed() >= secs(50));
+    assert_eq!(timers.len().await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn removed_entries_never_expire() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+    timers.set(1, 1, secs(1));
+    timers.set(2, 2, secs(2));
+    timers.remove(&1);
+    timers.remove(&9); // absent: nothing happens
+    assert_eq!(expired.next().await.unwrap().into_parts(), (2, 2));
+    drop(timers);
+    assert!(
+        expired.next().await.is_none(),
+        "stream ends: no handle and nothing pending"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn take_is_authoritative() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u8, &str>();
+    timers.set(1, "kept", secs(1));
+    timers.set(2, "taken", secs(1));
+    assert_eq!(timers.take(&2).await, Some("taken"));
+    assert_eq!(timers.take(&2).await, None);
+    assert_eq!(expired.next().await.unwrap().into_parts(), (1, "kept"));
+    assert_eq!(timers.take(&1).await, None, "already fired");
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_removes_everything_now() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u32, u32>();
+    for k in 0..100 {
+        timers.set(k, k * 10, secs(u64::from(k) + 1));
+    }
+    assert_eq!(timers.len().await, 100);
+    let mut drained = timers.drain().await;
+    drained.sort_unstable();
+    assert_eq!(drained, (0..100).map(|k| (k, k * 10)).collect::<Vec<_>>());
+    assert!(timers.is_empty().await);
+    drop(timers);
+    assert!(expired.next().await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn commands_from_one_handle_apply_in_order() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+    // set → reset → remove → set: only the last set survives, at its own deadline.
+    timers.set(1, 1, secs(5));
+    timers.reset(&1, secs(1));
+    timers.remove(&1);
+    timers.set(1, 2, secs(3));
+    let start = Instant::now();
+    let e = expired.next().await.unwrap();
+    assert_eq!(e.into_parts(), (1, 2));
+    assert!(start.elapsed() >= secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_stays_open_while_entries_are_pending() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+    timers.set(7, 7, secs(60));
+    drop(timers);
+    let e = expired.next().await.unwrap();
+    assert_eq!(e.into_parts(), (7, 7));
+    assert!(expired.next().await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn clones_share_one_set() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+    let other = timers.clone();
+    timers.set(1, 1, secs(1));
+    assert_eq!(other.take(&1).await, Some(1));
+    other.set(2, 2, secs(1));
+    drop((timers, other));
+    assert_eq!(expired.next().await.unwrap().into_parts(), (2, 2));
+    assert!(expired.next().await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn unread_expirations_are_buffered_and_counted() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u32, ()>();
+    for k in 0..10 {
+        timers.set(k, (), Duration::from_millis(10));
+    }
+    tokio::time::sleep(secs(1)).await;
+    assert_eq!(wheel.stats().expirations_backlog, 10);
+    for _ in 0..3 {
+        expired.next().await.unwrap();
+    }
+    assert_eq!(wheel.stats().expirations_backlog, 7);
+    drop(expired);
+    assert_eq!(wheel.stats().expirations_backlog, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_stream_never_stalls_the_wheel() {
+    let wheel = Wheel::new();
+    let (timers, expired) = wheel.keyed::<u32, u32>();
+    drop(expired);
+    for k in 0..1_000 {
+        timers.set(k, k, Duration::from_millis(u64::from(k % 50) + 1));
+    }
+    wheel.sleep(secs(1)).await;
+    assert_eq!(timers.len().await, 0);
+    let stats = wheel.stats();
+    assert_eq!(stats.fired, 1_001);
+    assert_eq!(stats.expirations_backlog, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_stats_add_up() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u32, u32>();
+    for k in 0..50 {
+        timers.set(k, k, secs(u64::from(k) + 1));
+    }
+    for k in 0..10 {
+        timers.remove(&k);
+    }
+    for _ in 0..20 {
+        expired.next().await.unwrap();
+    }
+    settle().await;
+    let s = wheel.stats();
+    assert_eq!(
+        (s.inserted, s.cancelled, s.fired, s.pending),
+        (50, 10, 20, 20)
+    );
+    assert_eq!(s.inserted, s.fired + s.cancelled + s.pending);
+}
+
+#[test]
+fn keyed_handles_have_the_promised_traits() {
+    support::assert_send::<Timers<String, Vec<u8>>>();
+    support::assert_sync::<Timers<String, Vec<u8>>>();
+    support::assert_send::<Expirations<String, Vec<u8>>>();
+    support::assert_unpin::<Expirations<String, Vec<u8>>>();
+}

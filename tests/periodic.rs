@@ -1,0 +1,197 @@
+//! Periodic jobs: fixed rate versus fixed delay, cancel, abort, panics, no overlap.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_wheel::{JobError, Schedule, Wheel};
+
+const PERIOD: Duration = Duration::from_millis(100);
+
+/// Start offsets (ms, relative to `start`) of each run, recorded by the job itself.
+type Runs = Arc<Mutex<Vec<u64>>>;
+
+fn recorder(
+    start: Instant,
+    work: Duration,
+    runs: Runs,
+) -> impl FnMut() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + 'static
+{
+    move || {
+        let runs = runs.clone();
+        Box::pin(async move {
+            runs.lock()
+                .unwrap()
+                .push(start.elapsed().as_millis() as u64);
+            tokio::time::sleep(work).await;
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fixed_rate_runs_every_period_from_one_period_on() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let runs = Runs::default();
+    let job = wheel.spawn_every(
+        PERIOD,
+        Schedule::FixedRate,
+        recorder(start, Duration::from_millis(10), runs.clone()),
+    );
+    tokio::time::sleep(Duration::from_millis(550)).await;
+    assert_eq!(*runs.lock().unwrap(), [100, 200, 300, 400, 500]);
+    assert!(job.cancel());
+    assert_eq!(job.await, Err(JobError::Cancelled));
+}
+
+#[tokio::test(start_paused = true)]
+async fn fixed_rate_skips_missed_slots_and_keeps_the_phase() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let runs = Runs::default();
+    // Each run takes 250 ms: slots 200 and 300 are missed, the next run is at 400.
+    let job = wheel.spawn_every(
+        PERIOD,
+        Schedule::FixedRate,
+        recorder(start, Duration::from_millis(250), runs.clone()),
+    );
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    job.abort();
+    assert_eq!(*runs.lock().unwrap(), [100, 400, 700, 1_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fixed_delay_waits_a_period_after_each_run() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let runs = Runs::default();
+    let job = wheel.spawn_every(
+        PERIOD,
+        Schedule::FixedDelay,
+        recorder(start, Duration::from_millis(250), runs.clone()),
+    );
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    job.abort();
+    // 100 → ends 350 → 450 → ends 700 → 800 → ends 1050.
+    assert_eq!(*runs.lock().unwrap(), [100, 450, 800]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn runs_never_overlap() {
+    let wheel = Wheel::new();
+    let active = Arc::new(Mutex::new((0u32, 0u32))); // (running now, most at once)
+    let counter = active.clone();
+    let job = wheel.spawn_every(Duration::from_millis(10), Schedule::FixedRate, move || {
+        let counter = counter.clone();
+        async move {
+            {
+                let mut c = counter.lock().unwrap();
+                c.0 += 1;
+                c.1 = c.1.max(c.0);
+            }
+            tokio::time::sleep(Duration::from_millis(35)).await;
+            counter.lock().unwrap().0 -= 1;
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    job.abort();
+    assert_eq!(active.lock().unwrap().1, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_lets_the_current_run_finish_and_stops_future_runs() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let runs = Runs::default();
+    let finished = Arc::new(Mutex::new(0));
+    let (r, f) = (runs.clone(), finished.clone());
+    let job = wheel.spawn_every(PERIOD, Schedule::FixedRate, move || {
+        let (r, f) = (r.clone(), f.clone());
+        async move {
+            r.lock().unwrap().push(start.elapsed().as_millis() as u64);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            *f.lock().unwrap() += 1;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(120)).await; // inside the first run
+    assert!(job.cancel());
+    assert!(!job.cancel());
+    assert_eq!(job.await, Err(JobError::Cancelled));
+    assert_eq!(
+        *finished.lock().unwrap(),
+        1,
+        "the run in progress completed"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(*runs.lock().unwrap(), [100]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn abort_stops_a_run_in_progress() {
+    let wheel = Wheel::new();
+    let finished = Arc::new(Mutex::new(0));
+    let f = finished.clone();
+    let job = wheel.spawn_every(PERIOD, Schedule::FixedRate, move || {
+        let f = f.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            *f.lock().unwrap() += 1;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    job.abort();
+    assert_eq!(job.await, Err(JobError::Cancelled));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(*finished.lock().unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_run_is_contained_and_the_schedule_goes_on() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let runs = Runs::default();
+    let r = runs.clone();
+    let job = wheel.spawn_every(PERIOD, Schedule::FixedRate, move || {
+        let r = r.clone();
+        async move {
+            let count = {
+                let mut runs = r.lock().unwrap();
+                runs.push(start.elapsed().as_millis() as u64);
+                runs.len()
+            };
+            if count % 2 == 1 {
+                panic!("odd run");
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert_eq!(*runs.lock().unwrap(), [100, 200, 300, 400]);
+    let stats = wheel.stats();
+    assert_eq!((stats.job_panics, stats.periodic_runs), (2, 4));
+    job.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn reschedule_moves_the_next_run() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let runs = Runs::default();
+    let job = wheel.spawn_every(
+        PERIOD,
+        Schedule::FixedRate,
+        recorder(start, Duration::ZERO, runs.clone()),
+    );
+    assert_eq!(job.deadline(), start + PERIOD);
+    assert!(job.reschedule(start + Duration::from_millis(30)));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    job.abort();
+    assert_eq!(*runs.lock().unwrap(), [30, 130, 230]);
+}
+
+#[tokio::test(start_paused = true)]
+#[should_panic(expected = "period must be non-zero")]
+async fn a_zero_period_panics_with_a_clear_message() {
+    drop(Wheel::new().spawn_every(Duration::ZERO, Schedule::FixedDelay, || async {}));
+}

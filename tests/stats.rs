@@ -1,0 +1,78 @@
+//! Stats: every counter moves for its own reason, and the totals add up.
+
+mod support;
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::StreamExt;
+use support::{poll_once, settle};
+use tokio_wheel::Wheel;
+
+#[tokio::test(start_paused = true)]
+async fn counters_add_up_across_sleeps_jobs_and_keyed_timers() {
+    let wheel = Wheel::builder().name("mixed").build();
+    // 10 sleeps fire, 5 are dropped while pending, 3 stay pending.
+    for _ in 0..10 {
+        tokio::spawn(wheel.sleep(Duration::from_millis(5)));
+    }
+    let mut dropped: Vec<_> = (0..5)
+        .map(|_| wheel.sleep(Duration::from_secs(9)))
+        .collect();
+    let mut kept: Vec<_> = (0..3)
+        .map(|_| wheel.sleep(Duration::from_secs(3_600)))
+        .collect();
+    for sleep in dropped.iter_mut().chain(kept.iter_mut()) {
+        assert!(poll_once(sleep).is_pending());
+    }
+    // 4 jobs run, 2 are cancelled.
+    let jobs: Vec<_> = (0..4)
+        .map(|i| wheel.spawn_after(Duration::from_millis(7), async move { i }))
+        .collect();
+    let cancelled: Vec<_> = (0..2)
+        .map(|_| wheel.spawn_after(Duration::from_secs(9), async {}))
+        .collect();
+    // 6 keyed entries: 2 removed, 4 expire.
+    let (timers, mut expired) = wheel.keyed::<u8, ()>();
+    for k in 0..6 {
+        timers.set(k, (), Duration::from_millis(8));
+    }
+    timers.remove(&0);
+    timers.remove(&1);
+    settle().await;
+    drop(dropped);
+    for job in &cancelled {
+        assert!(job.cancel());
+    }
+    for job in jobs {
+        job.await.unwrap();
+    }
+    for _ in 0..4 {
+        expired.next().await.unwrap();
+    }
+    // Move one kept sleep later: absorbed lazily, no command.
+    Pin::new(&mut kept[0]).reset(tokio::time::Instant::now() + Duration::from_secs(7_200));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    settle().await;
+
+    let s = wheel.stats();
+    assert_eq!(s.name, "mixed");
+    assert_eq!(s.fired, 10 + 4 + 4, "{s:?}");
+    assert_eq!(s.cancelled, 5 + 2 + 2, "{s:?}");
+    assert_eq!(s.pending, 3, "{s:?}");
+    assert_eq!(s.inserted, 10 + 5 + 3 + 4 + 2 + 6, "{s:?}");
+    assert_eq!(s.inserted, s.fired + s.cancelled + s.pending);
+    assert_eq!(s.actors, 2);
+    assert!(s.commands >= s.inserted);
+    assert!(s.max_lateness <= Duration::from_millis(1), "{s:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn far_timers_cascade_and_the_count_shows_it() {
+    let wheel = Wheel::new();
+    wheel.sleep(Duration::from_secs(2 * 3_600 + 61)).await;
+    settle().await;
+    let s = wheel.stats();
+    // hours → minutes → seconds → milliseconds: at most one cascade per level.
+    assert!((1..=4).contains(&s.cascades), "{s:?}");
+}
