@@ -237,6 +237,18 @@ impl Wheel {
         crate::keyed::new(self.clone())
     }
 
+    /// Waits until the actor has applied every sleep and job command sent before this call
+    /// (from any handle) and published it in [`stats`](Wheel::stats). Returns at once on a
+    /// stopped wheel. Keyed sets have their own actors: [`Timers::len`] is their barrier.
+    ///
+    /// Useful in tests and benchmarks; timers work without it.
+    pub async fn flush(&self) {
+        let (reply, done) = tokio::sync::oneshot::channel();
+        if self.send(Command::Flush(reply)) {
+            let _ = done.await;
+        }
+    }
+
     /// A snapshot of the wheel's counters.
     pub fn stats(&self) -> Stats {
         let shared = &self.inner.shared;

@@ -38,6 +38,9 @@ pub struct Stats {
     pub rescheduled: u64,
     /// Entries moved one wheel level down.
     pub cascades: u64,
+    /// Turns of the actors' loops: each wake-up (commands, a due slot, shutdown) is one. It
+    /// stays still while nothing is due and no command arrives.
+    pub wakeups: u64,
     /// The latest any timer fired after the start of its deadline tick.
     pub max_lateness: Duration,
     /// Jobs that panicked (one-shot jobs and runs of periodic jobs).
@@ -59,6 +62,7 @@ pub(crate) struct Delta {
     pub(crate) cancelled: u64,
     pub(crate) commands: u64,
     pub(crate) rescheduled: u64,
+    pub(crate) wakeups: u64,
     pub(crate) max_lateness: Duration,
 }
 
@@ -82,6 +86,7 @@ impl StatsCell {
         totals.cancelled += delta.cancelled;
         totals.commands += delta.commands;
         totals.rescheduled += delta.rescheduled;
+        totals.wakeups += delta.wakeups;
         totals.cascades += cascades;
         totals.max_lateness = totals.max_lateness.max(delta.max_lateness);
         totals.pending = totals.pending.saturating_add_signed(pending_change);

@@ -76,3 +76,41 @@ async fn far_timers_cascade_and_the_count_shows_it() {
     // hours → minutes → seconds → milliseconds: at most one cascade per level.
     assert!((1..=4).contains(&s.cascades), "{s:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_actor_does_not_wake_while_nothing_is_due() {
+    let wheel = Wheel::new();
+    let mut far: Vec<_> = (0..1_000)
+        .map(|i| wheel.sleep(Duration::from_secs(86_400 + i)))
+        .collect();
+    for sleep in &mut far {
+        assert!(poll_once(sleep).is_pending());
+    }
+    wheel.flush().await;
+    let before = wheel.stats().wakeups;
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+    assert_eq!(
+        wheel.stats().wakeups,
+        before,
+        "the actor woke with nothing due"
+    );
+    assert_eq!(wheel.stats().pending, 1_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn flush_waits_until_commands_are_applied_and_counted() {
+    let wheel = Wheel::new();
+    let mut sleeps: Vec<_> = (0..100)
+        .map(|_| wheel.sleep(Duration::from_secs(5)))
+        .collect();
+    for sleep in &mut sleeps {
+        assert!(poll_once(sleep).is_pending());
+    }
+    wheel.flush().await;
+    assert_eq!(wheel.stats().pending, 100);
+    drop(sleeps);
+    wheel.flush().await;
+    assert_eq!(wheel.stats().pending, 0);
+    wheel.shutdown().await;
+    wheel.flush().await; // returns at once on a stopped wheel
+}

@@ -54,6 +54,9 @@ pub(crate) trait Machine: Send + 'static {
 
     /// The actor stops: resolve everything filed as shut down.
     fn shut_down(&mut self, shared: &Arc<Shared>, delta: &mut Delta);
+
+    /// Called after each turn's stats are published: answer anything waiting on that.
+    fn turn_done(&mut self) {}
 }
 
 /// A machine with its command queue; dropping it resolves everything it still holds.
@@ -103,10 +106,12 @@ impl<M: Machine> Actor<M> {
             if *shutdown.borrow_and_update() {
                 break;
             }
+            self.delta.wakeups += 1;
             while self.fire_due() == FIRE_BATCH {
                 tokio::task::yield_now().await;
             }
             self.flush_stats();
+            self.machine.turn_done();
             if !open && self.machine.len() == 0 {
                 tracing::debug!("no handle left and nothing pending: actor exits");
                 break;
@@ -175,6 +180,7 @@ impl<M: Machine> Actor<M> {
         }
         self.machine.shut_down(&self.shared, &mut self.delta);
         self.flush_stats();
+        self.machine.turn_done();
     }
 }
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Machine;
@@ -59,15 +60,21 @@ pub(crate) enum Command {
     Cancel(Timer),
     /// Move a timer earlier, to the deadline in its state word.
     Reschedule(Timer),
+    /// Answer once every command sent before this one is applied and counted in the stats.
+    Flush(oneshot::Sender<()>),
 }
 
 pub(crate) struct TimerMachine {
     wheel: TimerWheel<Timer>,
+    flushes: Vec<oneshot::Sender<()>>,
 }
 
 impl TimerMachine {
     pub(crate) fn new(wheel: TimerWheel<Timer>) -> Self {
-        TimerMachine { wheel }
+        TimerMachine {
+            wheel,
+            flushes: Vec::new(),
+        }
     }
 
     /// The timer's current wheel key, if `timer` is the entry filed under it.
@@ -113,6 +120,13 @@ impl Machine for TimerMachine {
                     delta.rescheduled += 1;
                 }
             }
+            Command::Flush(reply) => self.flushes.push(reply),
+        }
+    }
+
+    fn turn_done(&mut self) {
+        for reply in self.flushes.drain(..) {
+            let _ = reply.send(());
         }
     }
 
