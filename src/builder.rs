@@ -5,10 +5,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::actor::Actor;
+use crate::actor::inbox::Inbox;
 use crate::actor::timers::TimerMachine;
 use crate::clock::Clock;
 use crate::error::BuildError;
@@ -127,9 +128,9 @@ impl Builder {
             live_actors: watch::Sender::new(0),
             stats: StatsCell::default(),
         });
-        let (commands, receiver) = mpsc::unbounded_channel();
-        Actor::new(TimerMachine::new(wheel), receiver, shared.clone()).spawn("timers");
+        let inbox = Arc::new(Inbox::new());
+        Actor::new(TimerMachine::new(wheel), inbox.clone(), shared.clone()).spawn("timers");
         tracing::debug!(wheel = %shared.name, tick = ?self.tick, levels = ?shared.levels, "wheel built");
-        Ok(Wheel::from_parts(shared, commands))
+        Ok(Wheel::from_parts(shared, inbox))
     }
 }

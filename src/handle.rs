@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::actor::inbox::Inbox;
 use crate::actor::timers::Command;
 use crate::builder::Builder;
 use crate::clock::{Clock, deadline_after};
@@ -44,7 +45,14 @@ impl Shared {
 
 pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
-    commands: mpsc::UnboundedSender<Command>,
+    inbox: Arc<Inbox<Command>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle is gone: the actor exits once nothing it holds is pending.
+        self.inbox.close();
+    }
 }
 
 /// A handle to a timer wheel: one actor task owning a cascade of wheels, plus everything
@@ -117,12 +125,9 @@ impl Wheel {
         Builder::new()
     }
 
-    pub(crate) fn from_parts(
-        shared: Arc<Shared>,
-        commands: mpsc::UnboundedSender<Command>,
-    ) -> Wheel {
+    pub(crate) fn from_parts(shared: Arc<Shared>, inbox: Arc<Inbox<Command>>) -> Wheel {
         Wheel {
-            inner: Arc::new(Inner { shared, commands }),
+            inner: Arc::new(Inner { shared, inbox }),
         }
     }
 
@@ -135,7 +140,7 @@ impl Wheel {
         if self.inner.shared.is_closed() {
             return false;
         }
-        self.inner.commands.send(command).is_ok()
+        self.inner.inbox.send(command).is_ok()
     }
 
     /// The wheel's resolution.

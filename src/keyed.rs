@@ -46,6 +46,7 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::actor::inbox::Inbox;
 use crate::actor::{Actor, Machine};
 use crate::clock::deadline_after;
 use crate::handle::{Shared, Wheel};
@@ -58,20 +59,25 @@ where
     V: Send + 'static,
 {
     let shared = wheel.shared().clone();
-    let (commands, receiver) = mpsc::unbounded_channel();
+    let inbox = Arc::new(Inbox::new());
     let (expired_sender, expired) = mpsc::unbounded_channel();
-    // A set made after shutdown gets no actor: its stream ends at once and calls answer empty.
-    if !shared.is_closed() {
+    if shared.is_closed() {
+        // A set made after shutdown gets no actor: calls answer empty, the stream ends at once.
+        inbox.stop();
+    } else {
         let machine = KeyedMachine {
             wheel: TimerWheel::new(&shared.levels)
                 .expect("layout validated when the wheel was built"),
             index: HashMap::new(),
             expirations: expired_sender,
         };
-        Actor::new(machine, receiver, shared.clone()).spawn("keyed");
+        Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
     }
     (
-        Timers { wheel, commands },
+        Timers {
+            wheel,
+            sender: Arc::new(KeyedSender(inbox)),
+        },
         Expirations {
             receiver: expired,
             shared,
@@ -86,14 +92,23 @@ where
 /// empty at once.
 pub struct Timers<K, V> {
     wheel: Wheel,
-    commands: mpsc::UnboundedSender<KeyedCommand<K, V>>,
+    sender: Arc<KeyedSender<K, V>>,
+}
+
+/// The set's inbox, closed when the last `Timers` clone goes.
+struct KeyedSender<K, V>(Arc<Inbox<KeyedCommand<K, V>>>);
+
+impl<K, V> Drop for KeyedSender<K, V> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl<K, V> Clone for Timers<K, V> {
     fn clone(&self) -> Self {
         Timers {
             wheel: self.wheel.clone(),
-            commands: self.commands.clone(),
+            sender: self.sender.clone(),
         }
     }
 }
@@ -114,7 +129,7 @@ where
     fn send(&self, command: KeyedCommand<K, V>) {
         if !self.wheel.is_shutdown() {
             // A send fails only once the set's actor has stopped: refused, as documented.
-            let _ = self.commands.send(command);
+            let _ = self.sender.0.send(command);
         }
     }
 

@@ -14,18 +14,19 @@
 //! reach it and nothing is filed. However it stops, [`Actor`]'s `Drop` resolves everything
 //! still pending, so nothing created by the wheel hangs.
 
+pub(crate) mod inbox;
 pub(crate) mod timers;
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use self::inbox::{Inbox, Senders};
 use crate::handle::Shared;
 use crate::stats::Delta;
 
-/// Commands applied per wake-up before the actor fires and re-arms.
+/// Commands applied before the actor fires what is due and yields to the runtime.
 pub(crate) const COMMAND_BATCH: usize = 1024;
 /// Timers fired before the actor yields to the runtime.
 pub(crate) const FIRE_BATCH: usize = 1024;
@@ -37,7 +38,7 @@ pub(crate) trait Machine: Send + 'static {
     /// Applies one command.
     fn apply(&mut self, command: Self::Command, shared: &Arc<Shared>, delta: &mut Delta);
 
-    /// Fires up to `budget` timers due at tick `now`; returns how many it fired.
+    /// Fires up to `budget` timers due at tick `now`; returns how many it handled.
     fn fire(&mut self, now: u64, budget: usize, shared: &Arc<Shared>, delta: &mut Delta) -> usize;
 
     /// The tick of the next work, if anything is filed.
@@ -62,7 +63,7 @@ pub(crate) trait Machine: Send + 'static {
 /// A machine with its command queue; dropping it resolves everything it still holds.
 pub(crate) struct Actor<M: Machine> {
     machine: M,
-    commands: UnboundedReceiver<M::Command>,
+    inbox: Arc<Inbox<M::Command>>,
     shared: Arc<Shared>,
     delta: Delta,
     reported_pending: usize,
@@ -71,15 +72,11 @@ pub(crate) struct Actor<M: Machine> {
 
 impl<M: Machine> Actor<M> {
     /// Counts the actor as live at once, so `shutdown()` waits for it even before it runs.
-    pub(crate) fn new(
-        machine: M,
-        commands: UnboundedReceiver<M::Command>,
-        shared: Arc<Shared>,
-    ) -> Self {
+    pub(crate) fn new(machine: M, inbox: Arc<Inbox<M::Command>>, shared: Arc<Shared>) -> Self {
         shared.live_actors.send_modify(|live| *live += 1);
         Actor {
             machine,
-            commands,
+            inbox,
             shared,
             delta: Delta::default(),
             reported_pending: 0,
@@ -97,24 +94,48 @@ impl<M: Machine> Actor<M> {
     async fn run(mut self) {
         tracing::debug!("actor started");
         let mut shutdown = self.shared.shutdown.subscribe();
-        let mut batch = Vec::with_capacity(COMMAND_BATCH);
+        let mut batch = Vec::new();
         let timer = tokio::time::sleep_until(Instant::now());
         tokio::pin!(timer);
         let mut armed: Option<u64> = None;
-        let mut open = true;
         loop {
             if *shutdown.borrow_and_update() {
                 break;
             }
             self.delta.wakeups += 1;
+            let senders = self.inbox.take(&mut batch);
+            let received = batch.len();
+            if received > 0 {
+                tracing::trace!(received, "applying commands");
+                self.delta.commands += received as u64;
+                let mut commands = batch.drain(..);
+                loop {
+                    let mut applied = 0;
+                    for command in commands.by_ref().take(COMMAND_BATCH) {
+                        self.machine.apply(command, &self.shared, &mut self.delta);
+                        applied += 1;
+                    }
+                    if applied < COMMAND_BATCH {
+                        break;
+                    }
+                    // A flood: keep firing on time and let other tasks run between slices.
+                    self.fire_due();
+                    tokio::task::yield_now().await;
+                }
+            }
             while self.fire_due() == FIRE_BATCH {
                 tokio::task::yield_now().await;
             }
             self.flush_stats();
             self.machine.turn_done();
-            if !open && self.machine.len() == 0 {
-                tracing::debug!("no handle left and nothing pending: actor exits");
-                break;
+            if senders == Senders::Gone {
+                if received > 0 {
+                    continue;
+                }
+                if self.machine.len() == 0 {
+                    tracing::debug!("no handle left and nothing pending: actor exits");
+                    break;
+                }
             }
             match self.machine.next_expiration() {
                 Some(tick) if armed != Some(tick) => {
@@ -127,16 +148,7 @@ impl<M: Machine> Actor<M> {
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
-                received = self.commands.recv_many(&mut batch, COMMAND_BATCH), if open => {
-                    if received == 0 {
-                        open = false;
-                    }
-                    tracing::trace!(received, "applying commands");
-                    self.delta.commands += received as u64;
-                    for command in batch.drain(..) {
-                        self.machine.apply(command, &self.shared, &mut self.delta);
-                    }
-                }
+                () = self.inbox.wait(), if senders == Senders::Open => {}
                 () = &mut timer, if armed.is_some() => armed = None,
             }
         }
@@ -165,10 +177,10 @@ impl<M: Machine> Actor<M> {
         self.reported_cascades = cascades;
     }
 
-    /// Refuses every command still queued, then resolves everything filed. Idempotent.
+    /// Refuses every command still queued (and all later ones), then resolves everything
+    /// filed. Idempotent.
     fn stop(&mut self) {
-        self.commands.close();
-        while let Ok(command) = self.commands.try_recv() {
+        for command in self.inbox.stop() {
             self.delta.commands += 1;
             self.machine.refuse(command);
         }

@@ -126,6 +126,9 @@ struct Level {
     unit: u64,
     /// Ticks the whole level spans (`unit * slots.len()`).
     span: u64,
+    /// Where the level's current block starts: `now - now % span`, kept up to date by
+    /// `set_now` so filing an entry needs comparisons, not divisions.
+    block_start: u64,
     slots: Box<[Links]>,
     occupied: Bitmap,
 }
@@ -176,6 +179,7 @@ impl<T> TimerWheel<T> {
                 let level = Level {
                     unit,
                     span,
+                    block_start: 0,
                     slots: vec![Links::EMPTY; slots as usize].into_boxed_slice(),
                     occupied: Bitmap::new(slots as usize),
                 };
@@ -309,11 +313,11 @@ impl<T> TimerWheel<T> {
             }
             match self.next_boundary() {
                 Some((tick, boundary)) if tick <= now => {
-                    self.now = tick;
+                    self.set_now(tick);
                     self.cascade(boundary);
                 }
                 _ => {
-                    self.now = self.now.max(now);
+                    self.set_now(self.now.max(now));
                     return None;
                 }
             }
@@ -353,11 +357,12 @@ impl<T> TimerWheel<T> {
             let Level {
                 unit,
                 span,
+                block_start,
                 occupied,
                 ..
             } = &self.levels[level];
             let slot = occupied.first_set().expect("occupied level has a set bit");
-            let block_start = self.now - self.now % span;
+            debug_assert_eq!(*block_start, self.now - self.now % span);
             let list = List::Slot {
                 level: level as u8,
                 slot: slot as u16,
@@ -401,16 +406,31 @@ impl<T> TimerWheel<T> {
             .filter(|entry| entry.generation == key.generation)
     }
 
-    /// The list a deadline belongs on, given the current tick.
+    /// Moves the current tick, keeping every level's block start in step.
+    fn set_now(&mut self, now: u64) {
+        if now == self.now {
+            return;
+        }
+        self.now = now;
+        for level in self.levels.iter_mut() {
+            level.block_start = now - now % level.span;
+        }
+    }
+
+    /// The list a deadline belongs on, given the current tick: the lowest level whose
+    /// current block holds it (one comparison per level climbed, one division at most).
     fn list_for(&self, deadline: u64) -> List {
         if deadline <= self.now {
             return List::Ready;
         }
-        for (level, Level { unit, span, .. }) in self.levels.iter().enumerate() {
-            if deadline / span == self.now / span {
+        for (level, l) in self.levels.iter().enumerate() {
+            // `deadline > now >= block_start`, so this cannot underflow.
+            let offset = deadline - l.block_start;
+            if offset < l.span {
+                let slot = if l.unit == 1 { offset } else { offset / l.unit };
                 return List::Slot {
                     level: level as u8,
-                    slot: ((deadline / unit) % (span / unit)) as u16,
+                    slot: slot as u16,
                 };
             }
         }
