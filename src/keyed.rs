@@ -47,6 +47,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::actor::inbox::Inbox;
+use crate::actor::timers::RETAINED_ENTRIES;
 use crate::actor::{Actor, Machine};
 use crate::clock::deadline_after;
 use crate::handle::{Shared, Wheel};
@@ -415,6 +416,13 @@ where
 
     fn cascades(&self) -> u64 {
         self.wheel.cascades()
+    }
+
+    fn turn_done(&mut self) {
+        if self.index.is_empty() && self.index.capacity() > RETAINED_ENTRIES {
+            self.index = HashMap::new();
+        }
+        self.wheel.shrink_if_empty(RETAINED_ENTRIES);
     }
 
     fn refuse(&mut self, _command: KeyedCommand<K, V>) {

@@ -14,6 +14,9 @@
 //!  actor: shutdown takes PENDING and REGISTERED to SHUTDOWN.
 //! ```
 
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::MAX_TICK;
@@ -267,5 +270,113 @@ mod tests {
     fn ticks_saturate_into_61_bits() {
         let timer = TimerState::pending(u64::MAX);
         assert_eq!(timer.claim(), Some(MAX_TICK));
+    }
+}
+
+/// Model checks of every race a timer's word can see: loom explores all interleavings of the
+/// handle's and the actor's operations. Run with
+/// `RUSTFLAGS="--cfg loom" cargo test --release --lib state::loom_model`.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    fn registered(tick: u64) -> Arc<TimerState> {
+        let timer = Arc::new(TimerState::pending(tick));
+        assert_eq!(timer.claim(), Some(tick));
+        timer
+    }
+
+    #[test]
+    fn cancel_racing_fire_has_exactly_one_winner() {
+        loom::model(|| {
+            let timer = registered(5);
+            let handle = {
+                let timer = timer.clone();
+                thread::spawn(move || timer.cancel())
+            };
+            let due = timer.on_due(5);
+            let cancelled = handle.join().unwrap();
+            assert_eq!(due == Due::Fire, cancelled == Cancelled::TooLate);
+            assert_eq!(due == Due::Drop, cancelled == Cancelled::InWheel);
+        });
+    }
+
+    #[test]
+    fn a_postpone_racing_fire_is_never_lost() {
+        loom::model(|| {
+            let timer = registered(5);
+            let handle = {
+                let timer = timer.clone();
+                thread::spawn(move || timer.move_to(50, true))
+            };
+            let due = timer.on_due(5);
+            let moved = handle.join().unwrap();
+            match due {
+                // Fired at the old deadline: the handle must have seen it and re-armed.
+                Due::Fire => assert_eq!(moved, Moved::Rearmed),
+                // The actor saw the new deadline and files the timer again.
+                Due::Refile(tick) => {
+                    assert_eq!(tick, 50);
+                    assert_eq!(moved, Moved::Quietly);
+                }
+                Due::Drop => panic!("a live timer was dropped"),
+            }
+        });
+    }
+
+    #[test]
+    fn an_earlier_move_racing_fire_is_never_lost() {
+        loom::model(|| {
+            let timer = registered(50);
+            let handle = {
+                let timer = timer.clone();
+                thread::spawn(move || timer.move_to(5, true))
+            };
+            // The wheel holds the timer at 50 and pops it there.
+            let due = timer.on_due(50);
+            let moved = handle.join().unwrap();
+            assert_eq!(due, Due::Fire, "due at 50 or at 5, it fires at 50");
+            match moved {
+                // Moved while registered: the reschedule message will find it gone; it fired.
+                Moved::Earlier => assert_eq!(timer.state(), State::Fired),
+                // It had fired already: the handle re-armed it for the new deadline.
+                Moved::Rearmed => assert_eq!(timer.claim(), Some(5)),
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+    }
+
+    #[test]
+    fn cancel_racing_the_actor_taking_it_in_needs_a_message_only_when_filed() {
+        loom::model(|| {
+            let timer = Arc::new(TimerState::pending(5));
+            let handle = {
+                let timer = timer.clone();
+                thread::spawn(move || timer.cancel())
+            };
+            let claimed = timer.claim();
+            let cancelled = handle.join().unwrap();
+            // Either the actor never files it (no message needed), or it did and the cancel
+            // must tell it.
+            assert_eq!(claimed.is_none(), cancelled == Cancelled::BeforeSeen);
+            assert_eq!(claimed.is_some(), cancelled == Cancelled::InWheel);
+        });
+    }
+
+    #[test]
+    fn shutdown_racing_cancel_resolves_once() {
+        loom::model(|| {
+            let timer = registered(5);
+            let handle = {
+                let timer = timer.clone();
+                thread::spawn(move || timer.cancel())
+            };
+            let shut = timer.shut_down();
+            let cancelled = handle.join().unwrap();
+            assert_ne!(shut, cancelled == Cancelled::InWheel);
+        });
     }
 }

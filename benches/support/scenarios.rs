@@ -82,12 +82,25 @@ pub async fn schedule_cancel_tokio(delays: Arc<Vec<Duration>>) -> (Duration, Dur
     (scheduled, start.elapsed())
 }
 
+/// What tokio-wheel's schedule + cancel cost, end to end and on the caller's side.
+#[derive(Debug, Clone, Copy)]
+pub struct WheelScheduleCancel {
+    /// Until the actor has filed every timer.
+    pub scheduled: Duration,
+    /// Until the actor has reclaimed every timer.
+    pub cancelled: Duration,
+    /// What the registering task itself spent (the actor works on another core meanwhile).
+    pub caller_scheduled: Duration,
+    /// What the dropping task itself spent.
+    pub caller_cancelled: Duration,
+}
+
 /// Registers a tokio-wheel `Sleep` per delay (waiting until the actor has them all), then
 /// drops them all (waiting until the actor has reclaimed them).
 pub async fn schedule_cancel_wheel(
     wheel: Wheel,
     delays: Arc<Vec<Duration>>,
-) -> (Duration, Duration) {
+) -> WheelScheduleCancel {
     let start = Instant::now();
     let mut sleeps = Vec::with_capacity(delays.len());
     for &delay in delays.iter() {
@@ -95,12 +108,21 @@ pub async fn schedule_cancel_wheel(
         assert!(poll_once(Pin::new(&mut sleep)).is_pending());
         sleeps.push(sleep);
     }
+    let caller_scheduled = start.elapsed();
     wheel.flush().await;
     let scheduled = start.elapsed();
     let start = Instant::now();
     drop(sleeps);
+    let caller_cancelled = start.elapsed();
     wheel.flush().await;
-    (scheduled, start.elapsed())
+    let cancelled = start.elapsed();
+    wheel.shutdown().await;
+    WheelScheduleCancel {
+        scheduled,
+        cancelled,
+        caller_scheduled,
+        caller_cancelled,
+    }
 }
 
 /// Inserts every delay into a `DelayQueue`, then removes them all.
@@ -189,7 +211,9 @@ pub async fn postpone_wheel(wheel: Wheel, n: usize, rounds: u32, how: Move) -> D
         }
     }
     wheel.flush().await;
-    start.elapsed()
+    let elapsed = start.elapsed();
+    wheel.shutdown().await;
+    elapsed
 }
 
 /// `Timers::reset_at` on n keyed entries, `rounds` times each, then a `len()` barrier.
@@ -207,7 +231,9 @@ pub async fn postpone_keyed(wheel: Wheel, n: usize, rounds: u32, how: Move) -> D
         }
     }
     assert_eq!(timers.len().await, n);
-    start.elapsed()
+    let elapsed = start.elapsed();
+    wheel.shutdown().await;
+    elapsed
 }
 
 /// `DelayQueue::reset_at` through `&mut`, `rounds` times per entry.
@@ -345,7 +371,9 @@ pub async fn fire_wheel(wheel: Wheel, n: usize) -> FireReport {
             }
         })
         .collect();
-    fire_all(futures).await
+    let report = fire_all(futures).await;
+    wheel.shutdown().await;
+    report
 }
 
 pub async fn fire_keyed(wheel: Wheel, n: usize) -> FireReport {
@@ -362,6 +390,7 @@ pub async fn fire_keyed(wheel: Wheel, n: usize) -> FireReport {
     }
     let cpu = process_cpu_time() - cpu;
     lateness.sort_unstable();
+    wheel.shutdown().await;
     FireReport {
         cpu_per_timer: cpu / n as u32,
         lateness,
@@ -425,8 +454,9 @@ pub fn live_bytes() -> isize {
 }
 
 /// Heap bytes per pending timer while `hold` keeps n timers pending. `hold` gets n and must
-/// return what keeps them alive.
-pub async fn bytes_per_timer<H, F>(n: usize, hold: H) -> f64
+/// return what keeps them alive. A wheel given as `wheel` is shut down afterwards, so no
+/// detached job or keyed entry keeps working in the background of later scenarios.
+pub async fn bytes_per_timer<H, F>(n: usize, wheel: Option<Wheel>, hold: H) -> f64
 where
     H: FnOnce(usize) -> F,
     F: Future,
@@ -435,6 +465,9 @@ where
     let held = hold(n).await;
     let after = live_bytes();
     drop(held);
+    if let Some(wheel) = wheel {
+        wheel.shutdown().await;
+    }
     (after - before) as f64 / n as f64
 }
 
@@ -474,14 +507,19 @@ pub async fn hold_wheel_jobs(wheel: Wheel, n: usize) -> Vec<tokio_wheel::JobHand
     jobs
 }
 
-pub async fn hold_keyed(wheel: Wheel, n: usize) -> tokio_wheel::Timers<u64, u64> {
+pub async fn hold_keyed(
+    wheel: Wheel,
+    n: usize,
+) -> (
+    tokio_wheel::Timers<u64, u64>,
+    tokio_wheel::Expirations<u64, u64>,
+) {
     let (timers, expired) = wheel.keyed::<u64, u64>();
-    std::mem::forget(expired); // keep the stream open without counting it per timer
     for (key, delay) in Rng(7).delays(n).into_iter().enumerate() {
         timers.set(key as u64, key as u64, delay);
     }
     assert_eq!(timers.len().await, n);
-    timers
+    (timers, expired)
 }
 
 pub async fn hold_delay_queue(n: usize) -> (DelayQueue<u64>, Vec<DelayKey>) {
@@ -523,7 +561,7 @@ pub async fn idle_tokio(n: usize) -> IdleReport {
         })
         .collect();
     let cpu = process_cpu_time();
-    tokio::time::sleep(IDLE_PERIOD).await;
+    std::thread::sleep(IDLE_PERIOD); // the same idle wait as tokio-wheel's
     IdleReport {
         cpu: process_cpu_time() - cpu,
         wakeups: None,
@@ -543,10 +581,12 @@ pub async fn idle_wheel(wheel: Wheel, n: usize) -> IdleReport {
     let wakeups = wheel.stats().wakeups;
     let cpu = process_cpu_time();
     std::thread::sleep(IDLE_PERIOD); // not a Tokio timer: nothing of ours may wake
-    IdleReport {
+    let report = IdleReport {
         cpu: process_cpu_time() - cpu,
         wakeups: Some(wheel.stats().wakeups - wakeups),
-    }
+    };
+    wheel.shutdown().await;
+    report
 }
 
 // ---------------------------------------------------------------- keyed churn
@@ -594,7 +634,9 @@ pub async fn churn_keyed(
         }
     }
     timers.len().await;
-    start.elapsed()
+    let elapsed = start.elapsed();
+    wheel.shutdown().await;
+    elapsed
 }
 
 /// DelayQueue with a `HashMap` from user key to queue key: what a keyed API costs users today.
@@ -704,7 +746,9 @@ pub async fn producers_wheel(wheel: Wheel, producers: usize, per_task: usize) ->
         task.await.expect("producer");
     }
     wheel.flush().await;
-    start.elapsed()
+    let elapsed = start.elapsed();
+    wheel.shutdown().await;
+    elapsed
 }
 
 /// The same with insert + remove on one `Arc<Mutex<DelayQueue>>`.

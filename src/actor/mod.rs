@@ -27,7 +27,7 @@ use crate::handle::Shared;
 use crate::stats::Delta;
 
 /// Commands applied before the actor fires what is due and yields to the runtime.
-pub(crate) const COMMAND_BATCH: usize = 1024;
+pub(crate) const COMMAND_BATCH: usize = 16 * 1024;
 /// Timers fired before the actor yields to the runtime.
 pub(crate) const FIRE_BATCH: usize = 1024;
 

@@ -15,6 +15,9 @@ use crate::state::{Due, TimerState};
 use crate::stats::Delta;
 use crate::wheel::TimerWheel;
 
+/// Entry capacity an empty wheel keeps; more is given back after a burst.
+pub(crate) const RETAINED_ENTRIES: usize = 4096;
+
 /// A timer filed in the main actor's wheel.
 pub(crate) enum Timer {
     Sleep(Arc<SleepShared>),
@@ -125,6 +128,7 @@ impl Machine for TimerMachine {
     }
 
     fn turn_done(&mut self) {
+        self.wheel.shrink_if_empty(RETAINED_ENTRIES);
         for reply in self.flushes.drain(..) {
             let _ = reply.send(());
         }

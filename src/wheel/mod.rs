@@ -335,6 +335,14 @@ impl<T> TimerWheel<T> {
         fired
     }
 
+    /// Gives the entry storage back to the allocator when the wheel is empty and its capacity
+    /// exceeds `keep` entries: after a burst, memory returns to its baseline. O(1).
+    pub fn shrink_if_empty(&mut self, keep: usize) {
+        if self.entries.is_empty() && self.entries.capacity() > keep {
+            self.entries = Slab::new();
+        }
+    }
+
     /// Removes every entry, in no particular order, keeping the current tick.
     pub fn drain(&mut self) -> impl Iterator<Item = (u64, T)> + '_ {
         for level in self.levels.iter_mut() {
