@@ -67,6 +67,8 @@
 mod actor;
 mod builder;
 mod clock;
+#[cfg(feature = "durable")]
+pub mod durable;
 mod error;
 mod handle;
 mod interval;

@@ -1,0 +1,58 @@
+//! What can go wrong with a durable queue.
+
+use std::fmt;
+
+/// An error from a [`DurableQueue`](super::DurableQueue) or a [`Delivery`](super::Delivery).
+///
+/// Never a panic: every failure of the store, the lock or a lease comes back as one of these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// The store's file cannot be read as a task store; it was not modified.
+    Corrupt(String),
+    /// Another handle holds the store (in this process or another); close it first.
+    Locked,
+    /// The store's server cannot be reached.
+    Unreachable(String),
+    /// Reading or writing the store failed.
+    Io(String),
+    /// The queue was closed, or its wheel shut down.
+    Closed,
+    /// The delivery's lease ran out and the task was handed out again (or moved on); this
+    /// delivery can no longer ack, retry or fail it.
+    LeaseLost,
+    /// The id is being delivered right now; it cannot be replaced until acked or retried.
+    InFlight,
+}
+
+impl Error {
+    /// Whether another handle holds the store.
+    pub fn is_locked(&self) -> bool {
+        matches!(self, Error::Locked)
+    }
+
+    /// Whether this delivery lost its lease.
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, Error::LeaseLost)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Corrupt(why) => {
+                write!(f, "the task store cannot be read (left untouched): {why}")
+            }
+            Error::Locked => f.write_str("the task store is open in another handle or process"),
+            Error::Unreachable(why) => write!(f, "the task store cannot be reached: {why}"),
+            Error::Io(why) => write!(f, "task store I/O failed: {why}"),
+            Error::Closed => f.write_str("the durable queue is closed"),
+            Error::LeaseLost => {
+                f.write_str("the delivery's lease expired and the task was handed out again")
+            }
+            Error::InFlight => f.write_str("the task is being delivered and cannot be replaced"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,454 @@
+//! Durable queues: scheduling, delivery, leases, retries, dead letters, restarts, locking.
+//! Due times are wall-clock, so these tests run in real time with short delays.
+#![cfg(feature = "durable")]
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use tokio_wheel::Wheel;
+use tokio_wheel::durable::{Delivery, DurableQueue, Error, RetryPolicy, Task, TaskId};
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    wheel: Wheel,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tasks.redb");
+    Fixture {
+        _dir: dir,
+        path,
+        wheel: Wheel::new(),
+    }
+}
+
+async fn next(deliveries: &mut tokio_wheel::durable::Deliveries) -> Delivery {
+    tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+        .await
+        .expect("a delivery within 5 s")
+        .expect("the stream is open")
+}
+
+async fn nothing_within(deliveries: &mut tokio_wheel::durable::Deliveries, wait: Duration) {
+    if let Ok(Some(d)) = tokio::time::timeout(wait, deliveries.next()).await {
+        panic!("unexpected delivery {d:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_task_is_delivered_at_its_due_time_and_ack_deletes_it() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let due = SystemTime::now() + ms(200);
+    let id = queue
+        .schedule(Task::new(b"hello".to_vec()).at(due).id("greet"))
+        .await
+        .unwrap();
+    assert_eq!(id, TaskId::from("greet"));
+    assert_eq!(queue.len().await.unwrap(), 1);
+    let mut deliveries = queue.deliveries();
+    let d = next(&mut deliveries).await;
+    let arrived = SystemTime::now();
+    assert!(arrived >= due, "delivered early");
+    assert!(
+        arrived.duration_since(due).unwrap() < ms(150),
+        "delivered late: idle consumers must be woken, not poll"
+    );
+    assert_eq!((d.id(), d.payload(), d.attempt()), (&id, &b"hello"[..], 1));
+    assert!(d.due() <= arrived && due.duration_since(d.due()).unwrap_or_default() < ms(2));
+    d.ack().await.unwrap();
+    assert_eq!(queue.len().await.unwrap(), 0);
+    nothing_within(&mut deliveries, ms(100)).await;
+}
+
+#[tokio::test]
+async fn generated_ids_are_unique_and_ties_go_in_schedule_order() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let due = SystemTime::now() + ms(50);
+    let mut ids = Vec::new();
+    for i in 0..20u8 {
+        ids.push(queue.schedule(Task::new(vec![i]).at(due)).await.unwrap());
+    }
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 20);
+    let mut deliveries = queue.deliveries();
+    for (i, id) in ids.iter().enumerate() {
+        let d = next(&mut deliveries).await;
+        assert_eq!((d.id(), d.payload()), (id, &[i as u8][..]));
+        d.ack().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn cancel_and_reschedule_act_only_on_pending_tasks() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let gone = queue.schedule(Task::new("x").after(ms(50))).await.unwrap();
+    let moved = queue
+        .schedule(Task::new("y").after(Duration::from_secs(3_600)))
+        .await
+        .unwrap();
+    assert!(queue.cancel(&gone).await.unwrap());
+    assert!(!queue.cancel(&gone).await.unwrap(), "already cancelled");
+    assert!(!queue.cancel(&"unknown".into()).await.unwrap());
+    assert!(
+        queue
+            .reschedule(&moved, SystemTime::now() + ms(100))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !queue
+            .reschedule(&"unknown".into(), SystemTime::now())
+            .await
+            .unwrap()
+    );
+    let mut deliveries = queue.deliveries();
+    let d = next(&mut deliveries).await;
+    assert_eq!(d.id(), &moved, "the cancelled task never comes");
+    assert!(!queue.cancel(&moved).await.unwrap(), "in flight");
+    assert!(
+        !queue.reschedule(&moved, SystemTime::now()).await.unwrap(),
+        "in flight"
+    );
+    d.ack().await.unwrap();
+}
+
+#[tokio::test]
+async fn retry_backs_off_and_the_last_attempt_goes_to_the_dead_letters() {
+    let f = fixture();
+    let policy = RetryPolicy::exponential(ms(50), ms(80)).max_attempts(3);
+    let queue = DurableQueue::builder()
+        .retry(policy)
+        .open(&f.path, &f.wheel)
+        .await
+        .unwrap();
+    let id = queue.schedule(Task::new("job").id("flaky")).await.unwrap();
+    let mut deliveries = queue.deliveries();
+    let mut last = std::time::Instant::now();
+    for (attempt, backoff) in [(1, 0), (2, 50), (3, 80)] {
+        let d = next(&mut deliveries).await;
+        assert_eq!(d.attempt(), attempt);
+        assert!(
+            last.elapsed() >= ms(backoff),
+            "attempt {attempt} came before its backoff"
+        );
+        last = std::time::Instant::now();
+        d.retry().await.unwrap();
+    }
+    nothing_within(&mut deliveries, ms(200)).await;
+    assert_eq!(queue.len().await.unwrap(), 0);
+    let dead = queue.dead_letters().await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (&dead[0].id, dead[0].attempts, dead[0].payload.as_slice()),
+        (&id, 3, &b"job"[..])
+    );
+    assert!(
+        dead[0].reason.contains("last delivery"),
+        "{}",
+        dead[0].reason
+    );
+
+    // Redrive resets the attempt count.
+    assert!(queue.redrive(&id).await.unwrap());
+    assert!(!queue.redrive(&id).await.unwrap(), "no longer dead");
+    let d = next(&mut deliveries).await;
+    assert_eq!((d.id(), d.attempt()), (&id, 1));
+    d.fail("bad payload").await.unwrap();
+    let dead = queue.dead_letters().await.unwrap();
+    assert_eq!(dead[0].reason, "bad payload");
+    assert!(
+        !queue.cancel(&id).await.unwrap(),
+        "dead tasks cannot be cancelled"
+    );
+}
+
+#[tokio::test]
+async fn retry_after_uses_the_given_delay() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    queue.schedule(Task::new("p").id("later")).await.unwrap();
+    let mut deliveries = queue.deliveries();
+    let d = next(&mut deliveries).await;
+    let start = std::time::Instant::now();
+    d.retry_after(ms(150)).await.unwrap();
+    let again = next(&mut deliveries).await;
+    assert!(start.elapsed() >= ms(150));
+    assert_eq!(again.attempt(), 2);
+    again.ack().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unfinished_delivery_comes_back_after_its_lease_and_loses_it() {
+    let f = fixture();
+    let queue = DurableQueue::builder()
+        .lease(ms(150))
+        .open(&f.path, &f.wheel)
+        .await
+        .unwrap();
+    queue.schedule(Task::new("p").id("slow")).await.unwrap();
+    let mut deliveries = queue.deliveries();
+    let first = next(&mut deliveries).await;
+    let start = std::time::Instant::now();
+    let second = next(&mut deliveries).await;
+    assert!(
+        start.elapsed() >= ms(140),
+        "redelivered before the lease ended"
+    );
+    assert_eq!(second.attempt(), 2);
+    assert_eq!(
+        first.ack().await,
+        Err(Error::LeaseLost),
+        "the old delivery lost its lease"
+    );
+    assert_eq!(first.retry().await, Err(Error::LeaseLost));
+    second.ack().await.unwrap();
+    assert_eq!(queue.len().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn scheduling_an_existing_id_replaces_it_unless_in_flight() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    queue
+        .schedule(Task::new("old").id("k").after(ms(100)))
+        .await
+        .unwrap();
+    queue
+        .schedule(Task::new("new").id("k").after(ms(50)))
+        .await
+        .unwrap();
+    assert_eq!(queue.len().await.unwrap(), 1);
+    let mut deliveries = queue.deliveries();
+    let d = next(&mut deliveries).await;
+    assert_eq!(d.payload(), b"new");
+    assert_eq!(
+        queue.schedule(Task::new("x").id("k")).await,
+        Err(Error::InFlight)
+    );
+    d.fail("give up").await.unwrap();
+    queue.schedule(Task::new("revived").id("k")).await.unwrap();
+    assert!(
+        queue.dead_letters().await.unwrap().is_empty(),
+        "a dead id is replaced"
+    );
+    assert_eq!(next(&mut deliveries).await.payload(), b"revived");
+}
+
+#[tokio::test]
+async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back() {
+    let f = fixture();
+    let queue = DurableQueue::builder()
+        .prefetch(3)
+        .lease(ms(300))
+        .open(&f.path, &f.wheel)
+        .await
+        .unwrap();
+    for i in 0..10 {
+        queue
+            .schedule(Task::new("p").id(format!("t{i}")))
+            .await
+            .unwrap();
+    }
+    let producer_only = queue.clone(); // never calls deliveries(): claims nothing
+    let mut greedy = queue.deliveries();
+    let first = next(&mut greedy).await;
+    tokio::time::sleep(ms(50)).await;
+    let mut other = queue.deliveries();
+    let mut seen = HashSet::new();
+    for _ in 0..7 {
+        let d = next(&mut other).await;
+        assert!(seen.insert(d.id().clone()));
+        d.ack().await.unwrap();
+    }
+    nothing_within(&mut other, ms(100)).await;
+    assert_eq!(
+        producer_only.len().await.unwrap(),
+        3,
+        "the greedy stream holds 3 claimed"
+    );
+    first.ack().await.unwrap();
+    drop(greedy); // two claimed, never read: back after the lease
+    for _ in 0..2 {
+        let d = next(&mut other).await;
+        assert_eq!(d.attempt(), 2);
+        assert!(seen.insert(d.id().clone()));
+        d.ack().await.unwrap();
+    }
+    assert_eq!(queue.len().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn tasks_survive_a_restart_and_in_flight_ones_come_back_at_once() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let now = SystemTime::now();
+    for (id, offset) in [("c", 30), ("a", 10), ("b", 20)] {
+        queue
+            .schedule(Task::new(id).id(id).at(now + ms(offset)))
+            .await
+            .unwrap();
+    }
+    queue
+        .schedule(
+            Task::new("later")
+                .id("later")
+                .after(Duration::from_secs(3_600)),
+        )
+        .await
+        .unwrap();
+    queue
+        .schedule(Task::new("held").id("held").at(now))
+        .await
+        .unwrap();
+    let mut deliveries = queue.deliveries();
+    let held = next(&mut deliveries).await;
+    assert_eq!(held.id().as_str(), "held");
+    drop(deliveries);
+    queue.close().await;
+    assert_eq!(held.ack().await, Err(Error::Closed));
+    tokio::time::sleep(ms(50)).await; // everything is overdue now
+
+    let queue = DurableQueue::builder()
+        .prefetch(1)
+        .open(&f.path, &f.wheel)
+        .await
+        .unwrap();
+    assert_eq!(queue.len().await.unwrap(), 5);
+    let mut deliveries = queue.deliveries();
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let d = next(&mut deliveries).await;
+        order.push((d.id().to_string(), d.attempt()));
+        d.ack().await.unwrap();
+    }
+    // Overdue ones in due order; the one in flight at the restart is due "now" and comes last
+    // among them, with its attempt counted.
+    assert_eq!(
+        order,
+        [
+            ("a".into(), 1),
+            ("b".into(), 1),
+            ("c".into(), 1),
+            ("held".into(), 2)
+        ] as [(String, u32); 4]
+    );
+    assert_eq!(queue.len().await.unwrap(), 1, "the far task waits");
+}
+
+#[tokio::test]
+async fn a_held_store_is_locked_until_released() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let second = DurableQueue::open(&f.path, &f.wheel).await;
+    assert_eq!(second.unwrap_err(), Error::Locked);
+    queue.close().await;
+    let queue = DurableQueue::open(&f.path, &f.wheel)
+        .await
+        .expect("released by close");
+    let stream = queue.deliveries();
+    drop((queue, stream));
+    // Dropping every handle releases it too (the engine exits asynchronously).
+    let mut reopened = None;
+    for _ in 0..100 {
+        match DurableQueue::open(&f.path, &f.wheel).await {
+            Ok(queue) => {
+                reopened = Some(queue);
+                break;
+            }
+            Err(Error::Locked) => tokio::time::sleep(ms(10)).await,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert!(
+        reopened.is_some(),
+        "never released after every handle was dropped"
+    );
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_store_is_reported_and_left_untouched() {
+    let f = fixture();
+    let garbage: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&f.path, &garbage).unwrap();
+    let error = DurableQueue::open(&f.path, &f.wheel).await.unwrap_err();
+    assert!(matches!(error, Error::Corrupt(_)), "{error:?}");
+    assert!(error.to_string().contains("left untouched"));
+    assert_eq!(
+        std::fs::read(&f.path).unwrap(),
+        garbage,
+        "the file was modified"
+    );
+
+    std::fs::write(&f.path, b"").unwrap();
+    let queue = DurableQueue::open(&f.path, &f.wheel)
+        .await
+        .expect("an empty file is a new store");
+    assert_eq!(queue.len().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn wheel_shutdown_ends_the_streams_and_keeps_the_tasks() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    queue
+        .schedule(Task::new("p").id("kept").after(Duration::from_secs(3_600)))
+        .await
+        .unwrap();
+    let mut deliveries = queue.deliveries();
+    f.wheel.shutdown().await;
+    let ended = tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+        .await
+        .unwrap();
+    assert!(ended.is_none());
+    assert_eq!(queue.len().await, Err(Error::Closed));
+    drop((queue, deliveries));
+
+    let wheel = Wheel::new();
+    let mut reopened = None;
+    for _ in 0..100 {
+        if let Ok(queue) = DurableQueue::open(&f.path, &wheel).await {
+            reopened = Some(queue);
+            break;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    assert_eq!(reopened.expect("released").len().await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_schedules_all_become_durable() {
+    let f = fixture();
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let producers: Vec<_> = (0..64)
+        .map(|p| {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                for i in 0..20 {
+                    queue
+                        .schedule(
+                            Task::new("x")
+                                .id(format!("{p}-{i}"))
+                                .after(Duration::from_secs(60)),
+                        )
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    queue.close().await;
+    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    assert_eq!(queue.len().await.unwrap(), 64 * 20);
+}
