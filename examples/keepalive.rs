@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Mutex, oneshot};
 use tokio::time::Instant;
 use tokio_wheel::{Timers, Wheel};
@@ -101,12 +101,14 @@ async fn client(
     idle: Duration,
     talk_for: Duration,
 ) -> Outcome {
+    // Taken before connecting: the server may accept (and start the idle timer) before this
+    // task resumes, so a later reference would make an on-time close look early.
+    let start = Instant::now();
     let stream = TcpStream::connect(address)
         .await
         .expect("connect to the server");
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read).lines();
-    let start = Instant::now();
     let mut last_sent = start;
     let gap = if chatty { idle / 3 } else { idle / 4 };
     let mut sent = 0;
@@ -159,9 +161,13 @@ async fn main() {
     let talk_for = idle * 3;
 
     let wheel = Wheel::builder().name("keepalive").build();
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
+    // A deep accept backlog: thousands of clients connect at once, and a full backlog makes
+    // the kernel drop SYNs that are only retried a second later.
+    let socket = TcpSocket::new_v4().expect("a TCP socket");
+    socket
+        .bind("127.0.0.1:0".parse().unwrap())
         .expect("bind on loopback");
+    let listener = socket.listen(4096).expect("listen");
     let address = listener.local_addr().expect("local address");
     let server_lateness = Arc::new(Mutex::new(Vec::new()));
     let server = tokio::spawn(serve(
@@ -181,6 +187,8 @@ async fn main() {
         .map(|i| {
             let done = done.clone();
             tokio::spawn(async move {
+                // Ramp up in waves of 200 so the accept loop keeps pace.
+                tokio::time::sleep(Duration::from_millis((i / 200) as u64 * 10)).await;
                 let outcome = client(address, i % 2 == 0, (i % 8 / 2) as u32, idle, talk_for).await;
                 done.fetch_add(1, Ordering::Relaxed);
                 outcome

@@ -1,33 +1,114 @@
 //! Durable queues: scheduling, delivery, leases, retries, dead letters, restarts, locking.
 //! Due times are wall-clock, so these tests run in real time with short delays.
+//!
+//! The behaviour both backends share runs twice: `embedded::*` on a redb file, `on_redis::*`
+//! on a `redis-server` the test starts itself (feature `redis`).
 #![cfg(feature = "durable")]
+
+mod support;
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use tokio_wheel::Wheel;
-use tokio_wheel::durable::{Delivery, DurableQueue, Error, RetryPolicy, Task, TaskId};
+use tokio_wheel::durable::{Builder, Delivery, DurableQueue, Error, RetryPolicy, Task, TaskId};
 
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Embedded,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Redis,
 }
 
 struct Fixture {
     _dir: tempfile::TempDir,
     path: std::path::PathBuf,
     wheel: Wheel,
+    backend: Backend,
+    redis: Option<support::redis_server::RedisServer>,
 }
 
-fn fixture() -> Fixture {
+/// A fixture, or `None` when the backend cannot run here (Redis without `redis-server`,
+/// outside CI: the test then passes after saying so).
+fn fixture(backend: Backend) -> Option<Fixture> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tasks.redb");
-    Fixture {
+    let redis = match backend {
+        Backend::Embedded => None,
+        Backend::Redis => Some(support::redis_server::start()?),
+    };
+    Some(Fixture {
         _dir: dir,
         path,
         wheel: Wheel::new(),
+        backend,
+        redis,
+    })
+}
+
+impl Fixture {
+    async fn open_with(&self, builder: Builder) -> DurableQueue {
+        match self.backend {
+            Backend::Embedded => builder.open(&self.path, &self.wheel).await.unwrap(),
+            #[cfg(feature = "redis")]
+            Backend::Redis => {
+                let url = self.redis.as_ref().expect("server").url();
+                builder
+                    .redis(&url, "test-queue", &self.wheel)
+                    .await
+                    .unwrap()
+            }
+            #[cfg(not(feature = "redis"))]
+            Backend::Redis => unreachable!("Redis tests need the redis feature"),
+        }
+    }
+
+    async fn open(&self) -> DurableQueue {
+        self.open_with(DurableQueue::builder()).await
     }
 }
+
+/// Runs each listed test on every backend the features allow.
+macro_rules! on_every_backend {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Backend::Embedded).await;
+                }
+            )*
+        }
+        #[cfg(feature = "redis")]
+        mod on_redis {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Backend::Redis).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(
+    a_task_is_delivered_at_its_due_time_and_ack_deletes_it,
+    generated_ids_are_unique_and_ties_go_in_schedule_order,
+    cancel_and_reschedule_act_only_on_pending_tasks,
+    retry_backs_off_and_the_last_attempt_goes_to_the_dead_letters,
+    retry_after_uses_the_given_delay,
+    an_unfinished_delivery_comes_back_after_its_lease_and_loses_it,
+    scheduling_an_existing_id_replaces_it_unless_in_flight,
+    a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back,
+    tasks_survive_closing_and_reopening,
+    wheel_shutdown_ends_the_streams_and_keeps_the_tasks,
+    concurrent_schedules_all_become_durable,
+);
 
 async fn next(deliveries: &mut tokio_wheel::durable::Deliveries) -> Delivery {
     tokio::time::timeout(Duration::from_secs(5), deliveries.next())
@@ -42,10 +123,9 @@ async fn nothing_within(deliveries: &mut tokio_wheel::durable::Deliveries, wait:
     }
 }
 
-#[tokio::test]
-async fn a_task_is_delivered_at_its_due_time_and_ack_deletes_it() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+async fn a_task_is_delivered_at_its_due_time_and_ack_deletes_it(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
     let due = SystemTime::now() + ms(200);
     let id = queue
         .schedule(Task::new(b"hello".to_vec()).at(due).id("greet"))
@@ -68,10 +148,9 @@ async fn a_task_is_delivered_at_its_due_time_and_ack_deletes_it() {
     nothing_within(&mut deliveries, ms(100)).await;
 }
 
-#[tokio::test]
-async fn generated_ids_are_unique_and_ties_go_in_schedule_order() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+async fn generated_ids_are_unique_and_ties_go_in_schedule_order(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
     let due = SystemTime::now() + ms(50);
     let mut ids = Vec::new();
     for i in 0..20u8 {
@@ -86,10 +165,9 @@ async fn generated_ids_are_unique_and_ties_go_in_schedule_order() {
     }
 }
 
-#[tokio::test]
-async fn cancel_and_reschedule_act_only_on_pending_tasks() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+async fn cancel_and_reschedule_act_only_on_pending_tasks(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
     let gone = queue.schedule(Task::new("x").after(ms(50))).await.unwrap();
     let moved = queue
         .schedule(Task::new("y").after(Duration::from_secs(3_600)))
@@ -121,15 +199,10 @@ async fn cancel_and_reschedule_act_only_on_pending_tasks() {
     d.ack().await.unwrap();
 }
 
-#[tokio::test]
-async fn retry_backs_off_and_the_last_attempt_goes_to_the_dead_letters() {
-    let f = fixture();
+async fn retry_backs_off_and_the_last_attempt_goes_to_the_dead_letters(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
     let policy = RetryPolicy::exponential(ms(50), ms(80)).max_attempts(3);
-    let queue = DurableQueue::builder()
-        .retry(policy)
-        .open(&f.path, &f.wheel)
-        .await
-        .unwrap();
+    let queue = f.open_with(DurableQueue::builder().retry(policy)).await;
     let id = queue.schedule(Task::new("job").id("flaky")).await.unwrap();
     let mut deliveries = queue.deliveries();
     let mut last = std::time::Instant::now();
@@ -171,10 +244,9 @@ async fn retry_backs_off_and_the_last_attempt_goes_to_the_dead_letters() {
     );
 }
 
-#[tokio::test]
-async fn retry_after_uses_the_given_delay() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+async fn retry_after_uses_the_given_delay(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
     queue.schedule(Task::new("p").id("later")).await.unwrap();
     let mut deliveries = queue.deliveries();
     let d = next(&mut deliveries).await;
@@ -186,14 +258,9 @@ async fn retry_after_uses_the_given_delay() {
     again.ack().await.unwrap();
 }
 
-#[tokio::test]
-async fn an_unfinished_delivery_comes_back_after_its_lease_and_loses_it() {
-    let f = fixture();
-    let queue = DurableQueue::builder()
-        .lease(ms(150))
-        .open(&f.path, &f.wheel)
-        .await
-        .unwrap();
+async fn an_unfinished_delivery_comes_back_after_its_lease_and_loses_it(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open_with(DurableQueue::builder().lease(ms(150))).await;
     queue.schedule(Task::new("p").id("slow")).await.unwrap();
     let mut deliveries = queue.deliveries();
     let first = next(&mut deliveries).await;
@@ -214,10 +281,9 @@ async fn an_unfinished_delivery_comes_back_after_its_lease_and_loses_it() {
     assert_eq!(queue.len().await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn scheduling_an_existing_id_replaces_it_unless_in_flight() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+async fn scheduling_an_existing_id_replaces_it_unless_in_flight(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
     queue
         .schedule(Task::new("old").id("k").after(ms(100)))
         .await
@@ -243,15 +309,11 @@ async fn scheduling_an_existing_id_replaces_it_unless_in_flight() {
     assert_eq!(next(&mut deliveries).await.payload(), b"revived");
 }
 
-#[tokio::test]
-async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back() {
-    let f = fixture();
-    let queue = DurableQueue::builder()
-        .prefetch(3)
-        .lease(ms(300))
-        .open(&f.path, &f.wheel)
-        .await
-        .unwrap();
+async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f
+        .open_with(DurableQueue::builder().prefetch(3).lease(ms(300)))
+        .await;
     for i in 0..10 {
         queue
             .schedule(Task::new("p").id(format!("t{i}")))
@@ -286,10 +348,8 @@ async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back()
     assert_eq!(queue.len().await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn tasks_survive_a_restart_and_in_flight_ones_come_back_at_once() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+/// Schedules a, b, c (overdue by reopening), a far task and one held in flight, then closes.
+async fn leave_tasks_behind(queue: &DurableQueue) -> Delivery {
     let now = SystemTime::now();
     for (id, offset) in [("c", 30), ("a", 10), ("b", 20)] {
         queue
@@ -316,12 +376,16 @@ async fn tasks_survive_a_restart_and_in_flight_ones_come_back_at_once() {
     queue.close().await;
     assert_eq!(held.ack().await, Err(Error::Closed));
     tokio::time::sleep(ms(50)).await; // everything is overdue now
+    held
+}
 
-    let queue = DurableQueue::builder()
-        .prefetch(1)
-        .open(&f.path, &f.wheel)
-        .await
-        .unwrap();
+async fn tasks_survive_closing_and_reopening(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let lease = ms(300);
+    leave_tasks_behind(&f.open_with(DurableQueue::builder().lease(lease)).await).await;
+    let queue = f
+        .open_with(DurableQueue::builder().lease(lease).prefetch(1))
+        .await;
     assert_eq!(queue.len().await.unwrap(), 5);
     let mut deliveries = queue.deliveries();
     let mut order = Vec::new();
@@ -330,24 +394,45 @@ async fn tasks_survive_a_restart_and_in_flight_ones_come_back_at_once() {
         order.push((d.id().to_string(), d.attempt()));
         d.ack().await.unwrap();
     }
-    // Overdue ones in due order; the one in flight at the restart is due "now" and comes last
-    // among them, with its attempt counted.
+    // Overdue ones come in due order; the one in flight at the close comes back with its
+    // attempt counted (at once on the embedded store, after its lease on Redis).
+    let overdue: Vec<_> = order
+        .iter()
+        .filter(|(id, _)| id != "held")
+        .cloned()
+        .collect();
     assert_eq!(
-        order,
-        [
-            ("a".into(), 1),
-            ("b".into(), 1),
-            ("c".into(), 1),
-            ("held".into(), 2)
-        ] as [(String, u32); 4]
+        overdue,
+        [("a".into(), 1), ("b".into(), 1), ("c".into(), 1)] as [(String, u32); 3]
     );
+    assert!(order.contains(&("held".into(), 2)), "{order:?}");
     assert_eq!(queue.len().await.unwrap(), 1, "the far task waits");
 }
 
 #[tokio::test]
+async fn on_the_embedded_store_in_flight_tasks_come_back_at_once_after_a_restart() {
+    let f = fixture(Backend::Embedded).unwrap();
+    let lease = Duration::from_secs(3_600);
+    leave_tasks_behind(&f.open_with(DurableQueue::builder().lease(lease)).await).await;
+    let queue = f
+        .open_with(DurableQueue::builder().lease(lease).prefetch(1))
+        .await;
+    let mut deliveries = queue.deliveries();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let d = next(&mut deliveries).await;
+        ids.push(d.id().to_string());
+        d.ack().await.unwrap();
+    }
+    // The holder is gone (the lock proves it), so "held" is due at the reopen: after the three
+    // that were due before it, and long before its hour-long lease would end.
+    assert_eq!(ids, ["a", "b", "c", "held"]);
+}
+
+#[tokio::test]
 async fn a_held_store_is_locked_until_released() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let f = fixture(Backend::Embedded).unwrap();
+    let queue = f.open().await;
     let second = DurableQueue::open(&f.path, &f.wheel).await;
     assert_eq!(second.unwrap_err(), Error::Locked);
     queue.close().await;
@@ -376,7 +461,7 @@ async fn a_held_store_is_locked_until_released() {
 
 #[tokio::test]
 async fn a_file_that_is_not_a_store_is_reported_and_left_untouched() {
-    let f = fixture();
+    let f = fixture(Backend::Embedded).unwrap();
     let garbage: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&f.path, &garbage).unwrap();
     let error = DurableQueue::open(&f.path, &f.wheel).await.unwrap_err();
@@ -395,10 +480,9 @@ async fn a_file_that_is_not_a_store_is_reported_and_left_untouched() {
     assert_eq!(queue.len().await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn wheel_shutdown_ends_the_streams_and_keeps_the_tasks() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+async fn wheel_shutdown_ends_the_streams_and_keeps_the_tasks(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
     queue
         .schedule(Task::new("p").id("kept").after(Duration::from_secs(3_600)))
         .await
@@ -412,10 +496,19 @@ async fn wheel_shutdown_ends_the_streams_and_keeps_the_tasks() {
     assert_eq!(queue.len().await, Err(Error::Closed));
     drop((queue, deliveries));
 
-    let wheel = Wheel::new();
+    let f = Fixture {
+        wheel: Wheel::new(),
+        ..f
+    };
     let mut reopened = None;
     for _ in 0..100 {
-        if let Ok(queue) = DurableQueue::open(&f.path, &wheel).await {
+        // The embedded store is released asynchronously once the engine stops.
+        let builder = DurableQueue::builder();
+        let attempt = match f.backend {
+            Backend::Embedded => builder.open(&f.path, &f.wheel).await,
+            Backend::Redis => Ok(f.open_with(builder).await),
+        };
+        if let Ok(queue) = attempt {
             reopened = Some(queue);
             break;
         }
@@ -424,10 +517,9 @@ async fn wheel_shutdown_ends_the_streams_and_keeps_the_tasks() {
     assert_eq!(reopened.expect("released").len().await.unwrap(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_schedules_all_become_durable() {
-    let f = fixture();
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+async fn concurrent_schedules_all_become_durable(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
     let producers: Vec<_> = (0..64)
         .map(|p| {
             let queue = queue.clone();
@@ -449,6 +541,6 @@ async fn concurrent_schedules_all_become_durable() {
         producer.await.unwrap();
     }
     queue.close().await;
-    let queue = DurableQueue::open(&f.path, &f.wheel).await.unwrap();
+    let queue = f.open().await;
     assert_eq!(queue.len().await.unwrap(), 64 * 20);
 }

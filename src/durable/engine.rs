@@ -26,7 +26,8 @@ pub(crate) enum Request {
     DeadLetters(Reply<Vec<DeadLetter>>),
     Redrive(String, Reply<bool>),
     Ack(String, u64, Reply<()>),
-    Retry(String, u64, Option<Duration>, Reply<()>),
+    /// Id, token, the delivery's attempt, and an explicit delay (else the policy's).
+    Retry(String, u64, u32, Option<Duration>, Reply<()>),
     Fail(String, u64, String, Reply<()>),
     Subscribe(Consumer),
     /// A consumer has room for more deliveries.
@@ -418,7 +419,7 @@ impl Engine {
                     if held { Ok(()) } else { Err(Error::LeaseLost) },
                 ));
             }
-            Request::Retry(id, token, after, reply) => {
+            Request::Retry(id, token, _attempt, after, reply) => {
                 let held = self.holds(&id, token);
                 if held {
                     self.unindex(&id);
