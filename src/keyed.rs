@@ -339,6 +339,7 @@ where
     V: Send + 'static,
 {
     type Command = KeyedCommand<K, V>;
+    type Item = Entry<K, V>;
 
     fn apply(&mut self, command: KeyedCommand<K, V>, shared: &Arc<Shared>, delta: &mut Delta) {
         match command {
@@ -395,10 +396,8 @@ where
                 break;
             };
             fired += 1;
-            let at = *read_at.get_or_insert_with(Instant::now);
-            let lateness = at.saturating_duration_since(shared.clock.instant_of(expired.deadline));
-            delta.max_lateness = delta.max_lateness.max(lateness);
-            delta.fired += 1;
+            let now = *read_at.get_or_insert_with(Instant::now);
+            delta.record_fire(shared.clock.instant_of(expired.deadline), now);
             let indexed = self.index.remove(&expired.item.key);
             debug_assert!(indexed.is_some(), "a fired entry was not indexed");
             self.deliver(expired.item, false, shared);
@@ -406,16 +405,8 @@ where
         fired
     }
 
-    fn next_expiration(&self) -> Option<u64> {
-        self.wheel.next_expiration()
-    }
-
-    fn len(&self) -> usize {
-        self.wheel.len()
-    }
-
-    fn cascades(&self) -> u64 {
-        self.wheel.cascades()
+    fn wheel(&self) -> &TimerWheel<Entry<K, V>> {
+        &self.wheel
     }
 
     fn turn_done(&mut self) {

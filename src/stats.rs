@@ -66,6 +66,14 @@ pub(crate) struct Delta {
     pub(crate) max_lateness: Duration,
 }
 
+impl Delta {
+    /// Counts a timer due at `due` that fired at `now`.
+    pub(crate) fn record_fire(&mut self, due: tokio::time::Instant, now: tokio::time::Instant) {
+        self.max_lateness = self.max_lateness.max(now.saturating_duration_since(due));
+        self.fired += 1;
+    }
+}
+
 /// The shared totals: actors merge a [`Delta`] per loop turn under one short lock, so a
 /// snapshot never shows half of a turn.
 #[derive(Debug, Default)]

@@ -312,7 +312,7 @@ async fn scheduling_an_existing_id_replaces_it_unless_in_flight(backend: Backend
 async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back(backend: Backend) {
     let Some(f) = fixture(backend) else { return };
     let queue = f
-        .open_with(DurableQueue::builder().prefetch(3).lease(ms(300)))
+        .open_with(DurableQueue::builder().prefetch(3).lease(ms(800)))
         .await;
     for i in 0..10 {
         queue
@@ -349,7 +349,11 @@ async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back(b
 }
 
 /// Schedules a, b, c (overdue by reopening), a far task and one held in flight, then closes.
-async fn leave_tasks_behind(queue: &DurableQueue) -> Delivery {
+/// Opens with a prefetch of 1, so only "held" is ever claimed, however slow the machine.
+async fn leave_tasks_behind(f: &Fixture, lease: Duration) -> Delivery {
+    let queue = f
+        .open_with(DurableQueue::builder().lease(lease).prefetch(1))
+        .await;
     let now = SystemTime::now();
     for (id, offset) in [("c", 30), ("a", 10), ("b", 20)] {
         queue
@@ -382,7 +386,7 @@ async fn leave_tasks_behind(queue: &DurableQueue) -> Delivery {
 async fn tasks_survive_closing_and_reopening(backend: Backend) {
     let Some(f) = fixture(backend) else { return };
     let lease = ms(300);
-    leave_tasks_behind(&f.open_with(DurableQueue::builder().lease(lease)).await).await;
+    leave_tasks_behind(&f, lease).await;
     let queue = f
         .open_with(DurableQueue::builder().lease(lease).prefetch(1))
         .await;
@@ -413,7 +417,7 @@ async fn tasks_survive_closing_and_reopening(backend: Backend) {
 async fn on_the_embedded_store_in_flight_tasks_come_back_at_once_after_a_restart() {
     let f = fixture(Backend::Embedded).unwrap();
     let lease = Duration::from_secs(3_600);
-    leave_tasks_behind(&f.open_with(DurableQueue::builder().lease(lease)).await).await;
+    leave_tasks_behind(&f, lease).await;
     let queue = f
         .open_with(DurableQueue::builder().lease(lease).prefetch(1))
         .await;

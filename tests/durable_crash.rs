@@ -3,14 +3,15 @@
 //! delivered (or was acked), and no task whose `ack` returned is ever delivered again.
 #![cfg(feature = "durable")]
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
+use support::{LineLog, Rng};
 use tokio_wheel::Wheel;
 use tokio_wheel::durable::{DurableQueue, Error, Task};
 
@@ -18,42 +19,14 @@ const CHILD_DIR: &str = "TOKIO_WHEEL_CRASH_DIR";
 const CHILD_RUN: &str = "TOKIO_WHEEL_CRASH_RUN";
 const RUNS: u32 = 8;
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
-/// An append-only log of what the child saw succeed. Plain writes reach the kernel at once,
-/// so a SIGKILL loses nothing that was written.
-#[derive(Clone)]
-struct Log(Arc<Mutex<std::fs::File>>);
-
-impl Log {
-    fn line(&self, text: String) {
-        let mut file = self.0.lock().unwrap();
-        file.write_all(format!("{text}\n").as_bytes()).unwrap();
-    }
-}
-
 /// The child: schedules tasks and consumes them (acking most), forever, until killed.
 #[test]
 #[ignore = "run by killed_children_lose_nothing as its child process"]
 fn crash_child() {
     let dir = std::env::var(CHILD_DIR).expect("started by the crash test");
     let run: u64 = std::env::var(CHILD_RUN).unwrap().parse().unwrap();
-    let log = Log(Arc::new(Mutex::new(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(Path::new(&dir).join("log"))
-            .unwrap(),
-    )));
+    // What the child saw succeed.
+    let log = LineLog::open(Path::new(&dir).join("log"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

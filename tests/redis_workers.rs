@@ -7,7 +7,6 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -30,17 +29,8 @@ const LEASE: Duration = Duration::from_secs(1);
 fn redis_worker() {
     let url = std::env::var(WORKER_URL).expect("started by the workers test");
     let index: usize = std::env::var(WORKER_INDEX).unwrap().parse().unwrap();
-    let log = Arc::new(Mutex::new(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(std::env::var(WORKER_LOG).unwrap())
-            .unwrap(),
-    ));
-    let line = move |text: String| {
-        let mut file = log.lock().unwrap();
-        file.write_all(format!("{text}\n").as_bytes()).unwrap();
-    };
+    let log = support::LineLog::open(std::env::var(WORKER_LOG).unwrap());
+    let line = move |text: String| log.line(text);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -6,6 +6,8 @@
 //! Seconds long by default; `SOAK_SECONDS=600 cargo test --release --test soak` for a long
 //! run.
 
+mod support;
+
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,28 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
+use support::Rng;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_wheel::{JobError, Wheel};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn millis(&mut self, max: u64) -> Duration {
-        Duration::from_micros(self.below(max * 1_000))
-    }
-}
 
 /// What the keyed model knows about a key.
 #[derive(Debug, Default)]

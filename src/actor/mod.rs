@@ -25,6 +25,7 @@ use tracing::Instrument;
 use self::inbox::{Inbox, Senders};
 use crate::handle::Shared;
 use crate::stats::Delta;
+use crate::wheel::TimerWheel;
 
 /// Commands applied before the actor fires what is due and yields to the runtime.
 pub(crate) const COMMAND_BATCH: usize = 16 * 1024;
@@ -41,14 +42,26 @@ pub(crate) trait Machine: Send + 'static {
     /// Fires up to `budget` timers due at tick `now`; returns how many it handled.
     fn fire(&mut self, now: u64, budget: usize, shared: &Arc<Shared>, delta: &mut Delta) -> usize;
 
+    /// What the machine files in its wheel.
+    type Item;
+
+    /// The machine's wheel.
+    fn wheel(&self) -> &TimerWheel<Self::Item>;
+
     /// The tick of the next work, if anything is filed.
-    fn next_expiration(&self) -> Option<u64>;
+    fn next_expiration(&self) -> Option<u64> {
+        self.wheel().next_expiration()
+    }
 
     /// How many timers are filed.
-    fn len(&self) -> usize;
+    fn len(&self) -> usize {
+        self.wheel().len()
+    }
 
     /// The wheel's cascade count so far.
-    fn cascades(&self) -> u64;
+    fn cascades(&self) -> u64 {
+        self.wheel().cascades()
+    }
 
     /// A command that arrived after the actor stopped: resolve it as shut down.
     fn refuse(&mut self, command: Self::Command);

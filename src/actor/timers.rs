@@ -99,6 +99,7 @@ impl TimerMachine {
 
 impl Machine for TimerMachine {
     type Command = Command;
+    type Item = Timer;
 
     fn apply(&mut self, command: Command, _shared: &Arc<Shared>, delta: &mut Delta) {
         match command {
@@ -161,16 +162,8 @@ impl Machine for TimerMachine {
         processed
     }
 
-    fn next_expiration(&self) -> Option<u64> {
-        self.wheel.next_expiration()
-    }
-
-    fn len(&self) -> usize {
-        self.wheel.len()
-    }
-
-    fn cascades(&self) -> u64 {
-        self.wheel.cascades()
+    fn wheel(&self) -> &TimerWheel<Timer> {
+        &self.wheel
     }
 
     fn refuse(&mut self, command: Command) {
