@@ -33,7 +33,6 @@
 //! a slow or absent reader never stalls the wheel, and each unread expiration costs its key,
 //! value and deadline in memory (see [`Stats::expirations_backlog`](crate::Stats)).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::pin::Pin;
@@ -54,6 +53,10 @@ use crate::handle::{Shared, Wheel};
 use crate::stats::Delta;
 use crate::wheel::{Key, TimerWheel};
 
+/// The actor's key index. foldhash: several times cheaper than SipHash on every command, and
+/// still randomly seeded per map, so keys chosen by clients cannot be aimed at one bucket.
+type Index<K> = std::collections::HashMap<K, Key, foldhash::fast::RandomState>;
+
 pub(crate) fn new<K, V>(wheel: Wheel) -> (Timers<K, V>, Expirations<K, V>)
 where
     K: Eq + Hash + Clone + Send + 'static,
@@ -69,7 +72,7 @@ where
         let machine = KeyedMachine {
             wheel: TimerWheel::new(&shared.levels)
                 .expect("layout validated when the wheel was built"),
-            index: HashMap::new(),
+            index: Index::default(),
             expirations: expired_sender,
         };
         Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
@@ -297,7 +300,7 @@ struct KeyedMachine<K, V> {
     /// The wheel key of each set key. Only the live entry of a key is ever indexed: a replaced
     /// entry leaves the wheel before its successor is filed, so a stale expiry cannot remove
     /// the newer entry's index.
-    index: HashMap<K, Key>,
+    index: Index<K>,
     expirations: mpsc::UnboundedSender<Expired<K, V>>,
 }
 
@@ -411,7 +414,7 @@ where
 
     fn turn_done(&mut self) {
         if self.index.is_empty() && self.index.capacity() > RETAINED_ENTRIES {
-            self.index = HashMap::new();
+            self.index = Index::default();
         }
         self.wheel.shrink_if_empty(RETAINED_ENTRIES);
     }
