@@ -119,7 +119,30 @@ async fn main() {
         timers.len().await
     );
 
-    println!("\n4. Stats and shutdown");
+    println!("\n4. Keyed timers: message ack timeouts");
+    let (pending_acks, mut unacked) = wheel.keyed::<u32, u32>(); // message id → attempt
+    for message in 1..=4 {
+        pending_acks.set(message, 1, unit * 2);
+    }
+    for message in [1, 3] {
+        let acked = pending_acks.take(&message).await.is_some();
+        println!(
+            "{} ack for message {message} arrived in time: {acked}",
+            at()
+        );
+    }
+    for _ in 0..2 {
+        let expiry = unacked.next().await.expect("two unacked messages");
+        let (message, attempt) = expiry.into_parts();
+        println!(
+            "{} message {message} not acked within {:?}: resend (attempt {})",
+            at(),
+            unit * 2,
+            attempt + 1
+        );
+    }
+
+    println!("\n5. Stats and shutdown");
     let stats = wheel.stats();
     println!(
         "{} pending {} · fired {} · cancelled {} · commands {} · max lateness {:?}",
@@ -151,5 +174,8 @@ async fn main() {
         stats.fired,
         stats.cancelled,
         stats.pending
+    );
+    println!(
+        "\nEach part as a real program: cargo run --release --example keepalive | delayed_jobs | ack_timeouts | periodic\n(and with --features durable: durable; with --features redis: redis_queue)"
     );
 }

@@ -548,3 +548,60 @@ async fn concurrent_schedules_all_become_durable(backend: Backend) {
     let queue = f.open().await;
     assert_eq!(queue.len().await.unwrap(), 64 * 20);
 }
+
+#[tokio::test]
+async fn the_in_memory_store_behaves_like_a_store_across_reopens() {
+    use tokio_wheel::durable::store::MemoryStore;
+    let wheel = Wheel::new();
+    let store = MemoryStore::new();
+    let queue = DurableQueue::builder()
+        .open_with_store(store.clone(), &wheel)
+        .await
+        .unwrap();
+    queue
+        .schedule(Task::new("kept").id("k").after(ms(30)))
+        .await
+        .unwrap();
+    queue.schedule(Task::new("gone").id("g")).await.unwrap();
+    assert!(queue.cancel(&"g".into()).await.unwrap());
+    queue.close().await;
+    // A second queue on the same store sees what the first made durable.
+    let queue = DurableQueue::builder()
+        .open_with_store(store, &wheel)
+        .await
+        .unwrap();
+    assert_eq!(queue.len().await.unwrap(), 1);
+    let mut deliveries = queue.deliveries();
+    let d = next(&mut deliveries).await;
+    assert_eq!((d.id().as_str(), d.payload()), ("k", &b"kept"[..]));
+    d.ack().await.unwrap();
+    assert_eq!(queue.len().await.unwrap(), 0);
+}
+
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn json_payloads_round_trip() {
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Reminder {
+        order: u64,
+        email: String,
+    }
+    let f = fixture(Backend::Embedded).unwrap();
+    let queue = f.open().await;
+    let reminder = Reminder {
+        order: 42,
+        email: "a@example.com".into(),
+    };
+    queue
+        .schedule(Task::json(&reminder).unwrap().id("r"))
+        .await
+        .unwrap();
+    let mut deliveries = queue.deliveries();
+    let d = next(&mut deliveries).await;
+    assert_eq!(d.json::<Reminder>().unwrap(), reminder);
+    assert!(
+        d.json::<Vec<u8>>().is_err(),
+        "a payload of another shape is an error, not a panic"
+    );
+    d.ack().await.unwrap();
+}

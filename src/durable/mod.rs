@@ -144,6 +144,17 @@ impl Task {
         }
     }
 
+    /// A task carrying `value` serialized as JSON (feature `serde`); read it back with
+    /// [`Delivery::json`].
+    ///
+    /// # Errors
+    ///
+    /// What `serde_json` reports for a value that cannot be serialized.
+    #[cfg(feature = "serde")]
+    pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Task, serde_json::Error> {
+        Ok(Task::new(serde_json::to_vec(value)?))
+    }
+
     /// Gives the task an id (scheduling an existing pending or dead id replaces it).
     pub fn id(mut self, id: impl Into<String>) -> Task {
         self.id = Some(TaskId(id.into()));
@@ -509,6 +520,16 @@ impl Delivery {
     /// The task's payload.
     pub fn payload(&self) -> &[u8] {
         &self.payload
+    }
+
+    /// The payload deserialized from JSON (feature `serde`), as written by [`Task::json`].
+    ///
+    /// # Errors
+    ///
+    /// What `serde_json` reports for a payload that is not a `T`.
+    #[cfg(feature = "serde")]
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.payload)
     }
 
     /// Which delivery this is: 1 for the first.
