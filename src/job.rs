@@ -496,7 +496,8 @@ async fn drive_periodic<J, F>(
             Schedule::FixedRate => {
                 let now = Instant::now();
                 let missed = now.saturating_duration_since(due).as_nanos() / period.as_nanos();
-                crate::clock::saturating_add(due, period.saturating_mul(missed as u32 + 1))
+                let slots = u32::try_from(missed.saturating_add(1)).unwrap_or(u32::MAX);
+                crate::clock::saturating_add(due, period.saturating_mul(slots))
             }
             Schedule::FixedDelay => crate::clock::deadline_after(period),
         };
