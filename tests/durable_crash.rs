@@ -71,6 +71,16 @@ fn crash_child() {
     });
 }
 
+/// The running child, killed however the test ends (a failed assertion must not leave it).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn spawn_child(dir: &Path, run: u32) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
@@ -97,7 +107,7 @@ fn killed_children_lose_nothing() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut rng = Rng(0xC0FFEE);
     for run in 0..RUNS {
-        let mut child = spawn_child(dir.path(), run);
+        let mut child = Running(spawn_child(dir.path(), run));
         let opened = format!("O {run}\n");
         let start = Instant::now();
         while !log_text(dir.path()).contains(&opened) {
@@ -105,7 +115,7 @@ fn killed_children_lose_nothing() {
                 start.elapsed() < Duration::from_secs(20),
                 "child {run} never opened the store"
             );
-            if let Some(status) = child.try_wait().unwrap() {
+            if let Some(status) = child.0.try_wait().unwrap() {
                 panic!("child {run} exited early: {status}");
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -117,8 +127,7 @@ fn killed_children_lose_nothing() {
             assert_eq!(locked.unwrap_err(), Error::Locked);
         });
         std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        drop(child); // SIGKILL
     }
 
     // Recover: drain everything that is left.

@@ -40,9 +40,9 @@ use crate::Wheel;
 
 /// Most tasks one claim script hands out.
 const CLAIM_BATCH: usize = 256;
-/// Tries of a command before its error is surfaced (the connection manager reconnects between
-/// them with backoff).
-const TRIES: u32 = 8;
+/// Tries of a command before its error is surfaced; with the backoff between them (25 ms
+/// doubling to 2 s) this rides out about ten seconds of outage or of a restarting server.
+const TRIES: u32 = 10;
 
 const SCHEDULE: &str = r#"
 local m = redis.call('HGET', KEYS[2], ARGV[1])
@@ -157,6 +157,14 @@ end
 return 0
 "#;
 
+/// Script arguments, each turned into Redis bytes once (so retries resend the same values).
+macro_rules! redis_args {
+    ($($value:expr),* $(,)?) => {{
+        let mut args: Vec<Vec<u8>> = Vec::new();
+        $(args.extend(redis::ToRedisArgs::to_redis_args(&$value));)*
+        args
+    }};
+}
 /// The keys and scripts of one queue.
 struct Keys {
     payload: String,
@@ -202,16 +210,10 @@ struct Shared {
     settings: Settings,
 }
 
-fn redis_error(error: redis::RedisError) -> Error {
-    if error.is_io_error()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        || error.is_timeout()
-    {
-        Error::Unreachable(error.to_string())
-    } else {
-        Error::Io(error.to_string())
-    }
+/// Whether trying again may succeed: a lost or refused connection, a timeout, a server still
+/// loading its data after a restart. Anything else (a script error, bad data) is final.
+fn is_transient(error: &redis::RedisError) -> bool {
+    !matches!(error.retry_method(), redis::RetryMethod::NoRetry)
 }
 
 /// Runs a Redis operation, retrying with backoff while the server is unreachable.
@@ -225,11 +227,11 @@ where
     loop {
         match operation().await {
             Ok(value) => return Ok(value),
+            Err(error) if !is_transient(&error) => return Err(Error::Io(error.to_string())),
             Err(error) => {
-                let error = redis_error(error);
                 tries += 1;
-                if !matches!(error, Error::Unreachable(_)) || tries >= TRIES {
-                    return Err(error);
+                if tries >= TRIES {
+                    return Err(Error::Unreachable(error.to_string()));
                 }
                 tracing::debug!(%error, tries, "redis unreachable; retrying");
                 tokio::time::sleep(delay).await;
@@ -437,22 +439,24 @@ impl RedisEngine {
         let settings = &shared.settings;
         let wanted = wanted.min(CLAIM_BATCH);
         let now = now_ms();
-        let reply: Vec<String> = with_retries(|| {
-            let mut connection = shared.connection.clone();
-            let mut invocation = shared.scripts.claim.prepare_invoke();
-            invocation
-                .key(&keys.meta)
-                .key(&keys.due)
-                .key(&keys.inflight)
-                .key(&keys.dead)
-                .key(&keys.token)
-                .arg(now)
-                .arg(settings.lease.as_millis() as u64)
-                .arg(wanted)
-                .arg(settings.policy.attempts());
-            async move { invocation.invoke_async(&mut connection).await }
-        })
-        .await?;
+        let reply: Vec<String> = shared
+            .invoke(
+                &shared.scripts.claim,
+                &[
+                    &keys.meta,
+                    &keys.due,
+                    &keys.inflight,
+                    &keys.dead,
+                    &keys.token,
+                ],
+                redis_args![
+                    now,
+                    settings.lease.as_millis() as u64,
+                    wanted,
+                    settings.policy.attempts()
+                ],
+            )
+            .await?;
         let (claimed, tail) = reply.split_at(reply.len().saturating_sub(2));
         let next_due: Option<u64> = tail
             .first()
@@ -515,26 +519,38 @@ fn instant_of(ms: u64) -> Instant {
 }
 
 impl Shared {
+    /// Runs one of the queue's scripts, retrying while the server is unreachable.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: Vec<Vec<u8>>,
+    ) -> Result<T, Error> {
+        with_retries(|| {
+            let mut connection = self.connection.clone();
+            let mut invocation = script.prepare_invoke();
+            for key in keys {
+                invocation.key(*key);
+            }
+            for arg in &args {
+                invocation.arg(arg.as_slice());
+            }
+            async move { invocation.invoke_async(&mut connection).await }
+        })
+        .await
+    }
+
     async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
         let id = task.id.clone().unwrap_or_else(TaskId::generate);
         let due = task.due_ms();
         let keys = &self.keys;
-        let answer: String = with_retries(|| {
-            let mut connection = self.connection.clone();
-            let mut invocation = self.scripts.schedule.prepare_invoke();
-            invocation
-                .key(&keys.payload)
-                .key(&keys.meta)
-                .key(&keys.due)
-                .key(&keys.dead)
-                .key(&keys.seq)
-                .arg(id.as_str())
-                .arg(task.payload.as_slice())
-                .arg(due)
-                .arg(&keys.channel);
-            async move { invocation.invoke_async(&mut connection).await }
-        })
-        .await?;
+        let answer: String = self
+            .invoke(
+                &self.scripts.schedule,
+                &[&keys.payload, &keys.meta, &keys.due, &keys.dead, &keys.seq],
+                redis_args![id.as_str(), task.payload.as_slice(), due, &keys.channel],
+            )
+            .await?;
         match answer.as_str() {
             "INFLIGHT" => Err(Error::InFlight),
             _ => Ok(id),
@@ -543,22 +559,13 @@ impl Shared {
 
     async fn change(&self, id: &str, op: &str, due: u64) -> Result<bool, Error> {
         let keys = &self.keys;
-        let changed: i64 = with_retries(|| {
-            let mut connection = self.connection.clone();
-            let mut invocation = self.scripts.change.prepare_invoke();
-            invocation
-                .key(&keys.payload)
-                .key(&keys.meta)
-                .key(&keys.due)
-                .key(&keys.dead)
-                .arg(id)
-                .arg(op)
-                .arg(due)
-                .arg(&keys.channel)
-                .arg(now_ms());
-            async move { invocation.invoke_async(&mut connection).await }
-        })
-        .await?;
+        let changed: i64 = self
+            .invoke(
+                &self.scripts.change,
+                &[&keys.payload, &keys.meta, &keys.due, &keys.dead],
+                redis_args![id, op, due, &keys.channel, now_ms()],
+            )
+            .await?;
         Ok(changed == 1)
     }
 
@@ -571,26 +578,20 @@ impl Shared {
         reason: &str,
     ) -> Result<(), Error> {
         let keys = &self.keys;
-        let done: i64 = with_retries(|| {
-            let mut connection = self.connection.clone();
-            let mut invocation = self.scripts.finish.prepare_invoke();
-            invocation
-                .key(&keys.payload)
-                .key(&keys.meta)
-                .key(&keys.inflight)
-                .key(&keys.due)
-                .key(&keys.dead)
-                .key(&keys.done)
-                .arg(id)
-                .arg(token)
-                .arg(now_ms())
-                .arg(outcome)
-                .arg(due)
-                .arg(reason)
-                .arg(&keys.channel);
-            async move { invocation.invoke_async(&mut connection).await }
-        })
-        .await?;
+        let done: i64 = self
+            .invoke(
+                &self.scripts.finish,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.inflight,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.done,
+                ],
+                redis_args![id, token, now_ms(), outcome, due, reason, &keys.channel],
+            )
+            .await?;
         if done == 1 {
             Ok(())
         } else {
