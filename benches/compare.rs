@@ -1,4 +1,5 @@
-//! tokio-wheel side by side with `tokio::time` and `tokio_util::time::DelayQueue`, every peer
+//! tokio-wheel side by side with `tokio::time`, `tokio_util::time::DelayQueue` and (for
+//! timeouts) `pingora-timeout`, every peer
 //! in the same criterion group, n = 10^4. The full table at 10^4 … 10^6 (plus fire, memory
 //! and idle) comes from `cargo run --release --example compare`.
 //!
@@ -55,6 +56,37 @@ fn schedule_cancel(c: &mut Criterion) {
                     schedule_cancel_wheel(wheel(&runtime), delays.clone()),
                 );
                 r.scheduled + r.cancelled
+            })
+        })
+    });
+}
+
+fn timeout_churn(c: &mut Criterion) {
+    let runtime = runtime();
+    let delays = Arc::new(Rng(42).delays(N));
+    let mut group = c.benchmark_group("timeout_churn");
+    group.throughput(Throughput::Elements(N as u64));
+    group.bench_function("tokio::time::timeout", |b| {
+        b.iter_custom(|iters| {
+            total(iters, || {
+                on_worker(&runtime, timeout_churn_tokio(delays.clone()))
+            })
+        })
+    });
+    group.bench_function("pingora fast_timeout", |b| {
+        b.iter_custom(|iters| {
+            total(iters, || {
+                on_worker(&runtime, timeout_churn_pingora(delays.clone()))
+            })
+        })
+    });
+    group.bench_function("tokio-wheel", |b| {
+        b.iter_custom(|iters| {
+            total(iters, || {
+                on_worker(
+                    &runtime,
+                    timeout_churn_wheel(wheel(&runtime), delays.clone()),
+                )
             })
         })
     });
@@ -170,6 +202,6 @@ criterion_group! {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = schedule_cancel, postpone, keyed_churn, many_producers
+    targets = schedule_cancel, timeout_churn, postpone, keyed_churn, many_producers
 }
 criterion_main!(benches);

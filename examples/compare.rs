@@ -1,4 +1,5 @@
-//! tokio-wheel side by side with `tokio::time` and `tokio_util::time::DelayQueue`: every
+//! tokio-wheel side by side with `tokio::time`, `tokio_util::time::DelayQueue` and (for
+//! timeouts) `pingora-timeout`: every
 //! scenario of BENCHMARKS.md in one run, printed as markdown tables (medians, spread, ratios).
 //!
 //! Run: `cargo run --release --example compare` (several minutes), or `-- --quick` (seconds,
@@ -191,7 +192,7 @@ fn main() {
     let handle = runtime.handle().clone();
     let wheel = move || Wheel::builder().runtime(handle.clone()).build();
 
-    let per_size = reps * (3 + 2 * 5 + 3) + 5 + 4;
+    let per_size = reps * (3 + 1 + 2 * 5 + 3) + 5 + 4;
     let mut progress = Progress {
         done: 0,
         total: sizes.len() * per_size + 3 * reps * 3 + if quick { 0 } else { 2 },
@@ -202,6 +203,10 @@ fn main() {
         "ns per timer",
     );
     let mut cancel = Table::new("Cancel: drop or remove those n timers", "ns per timer");
+    let mut timeouts = Table::new(
+        "Timeouts: wrap a pending future, poll once, drop before the deadline",
+        "ns per timeout",
+    );
     let mut postpone = Table::new("Postpone: move each of n timers 10 times", "ns per move");
     let mut churn = Table::new(
         "Keyed churn: 4n random ops (½ reset, ¼ remove, ¼ set)",
@@ -251,6 +256,18 @@ fn main() {
                 "tokio-wheel (caller side only)",
                 ns_per(r.caller_cancelled, n),
             );
+        }
+        for _ in 0..reps {
+            if !wanted("timeouts") {
+                break;
+            }
+            progress.step(&format!("timeouts n={n}"));
+            let d = on_worker(&runtime, timeout_churn_tokio(delays.clone()));
+            timeouts.add(&label, "tokio::time::timeout", ns_per(d, n));
+            let d = on_worker(&runtime, timeout_churn_pingora(delays.clone()));
+            timeouts.add(&label, "pingora fast_timeout", ns_per(d, n));
+            let d = on_worker(&runtime, timeout_churn_wheel(wheel(), delays.clone()));
+            timeouts.add(&label, OURS, ns_per(d, n));
         }
         for how in [Move::Later, Move::Earlier] {
             let row = format!("{how:?}, n = {n}");
@@ -391,7 +408,8 @@ fn main() {
         reps
     );
     for table in [
-        &schedule, &cancel, &postpone, &churn, &producers, &fire_cpu, &lateness, &memory, &idle,
+        &schedule, &cancel, &timeouts, &postpone, &churn, &producers, &fire_cpu, &lateness,
+        &memory, &idle,
     ] {
         if !table.rows.is_empty() {
             table.print();

@@ -141,6 +141,45 @@ pub async fn schedule_cancel_delay_queue(delays: Arc<Vec<Duration>>) -> (Duratio
     (scheduled, start.elapsed())
 }
 
+// ---------------------------------------------------------------- timeouts
+
+/// The request-with-timeout pattern: a timeout around a future that is still pending is polled
+/// once (arming its timer) and dropped before it fires. Returns the time for all n.
+pub async fn timeout_churn_tokio(delays: Arc<Vec<Duration>>) -> Duration {
+    let start = Instant::now();
+    for &delay in delays.iter() {
+        let mut timeout = pin!(tokio::time::timeout(delay, std::future::pending::<()>()));
+        assert!(poll_once(timeout.as_mut()).is_pending());
+    }
+    start.elapsed()
+}
+
+/// The same with pingora-timeout's `fast_timeout` (timers shared per 10 ms tick).
+pub async fn timeout_churn_pingora(delays: Arc<Vec<Duration>>) -> Duration {
+    let start = Instant::now();
+    for &delay in delays.iter() {
+        let mut timeout = pin!(pingora_timeout::fast_timeout::fast_timeout(
+            delay,
+            std::future::pending::<()>()
+        ));
+        assert!(poll_once(timeout.as_mut()).is_pending());
+    }
+    start.elapsed()
+}
+
+/// The same with tokio-wheel, until the actor has applied everything.
+pub async fn timeout_churn_wheel(wheel: Wheel, delays: Arc<Vec<Duration>>) -> Duration {
+    let start = Instant::now();
+    for &delay in delays.iter() {
+        let mut timeout = pin!(wheel.timeout(delay, std::future::pending::<()>()));
+        assert!(poll_once(timeout.as_mut()).is_pending());
+    }
+    wheel.flush().await;
+    let elapsed = start.elapsed();
+    wheel.shutdown().await;
+    elapsed
+}
+
 // ---------------------------------------------------------------- postpone
 
 /// How each round moves every deadline.
