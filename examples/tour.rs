@@ -1,7 +1,7 @@
 //! A guided tour of tokio-wheel: sleeps and timeouts, delayed and periodic jobs, keyed timers,
 //! stats and shutdown — each in miniature, in real time.
 //!
-//! Run: `cargo run --release --example tour` (about ten seconds; `-- --quick` for two).
+//! Run: `cargo run --release --example tour` (a few seconds; `-- --quick` for under one).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
