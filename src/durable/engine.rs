@@ -52,12 +52,17 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Why a task retried on its last delivery went to the dead letters.
+pub(crate) fn last_attempt_reason(attempts: u32) -> String {
+    format!("retried on its last delivery ({attempts} of {attempts})")
+}
+
 pub(crate) fn system_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// The instant on Tokio's clock when wall-clock time `ms` comes.
-fn instant_of(ms: u64) -> Instant {
+pub(crate) fn instant_of(ms: u64) -> Instant {
     let now = now_ms();
     Instant::now() + Duration::from_millis(ms.saturating_sub(now))
 }
@@ -431,8 +436,7 @@ impl Engine {
                             self.pend(task, due);
                         }
                         None if attempts >= self.settings.policy.attempts() => {
-                            let reason =
-                                format!("retried on its last delivery ({attempts} of {attempts})");
+                            let reason = last_attempt_reason(attempts);
                             self.bury(task, reason);
                         }
                         None => {
@@ -561,7 +565,8 @@ impl Engine {
     }
 }
 
-fn far_future() -> Instant {
+/// Where a backend with nothing to wait for parks its wake-up.
+pub(crate) fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400 * 365)
 }
 

@@ -34,7 +34,9 @@ use redis::{AsyncCommands, Script};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
-use super::engine::{Consumer, Request, Settings, now_ms, system_time};
+use super::engine::{
+    Consumer, Request, Settings, far_future, instant_of, last_attempt_reason, now_ms, system_time,
+};
 use super::{DeadLetter, Delivery, Error, Task, TaskId};
 use crate::Wheel;
 
@@ -356,9 +358,7 @@ impl RedisEngine {
                 (None, Some(ms)) => Some(instant_of(ms)),
                 (None, None) => None,
             };
-            let sleep = self
-                .wheel
-                .sleep_until(at.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400)));
+            let sleep = self.wheel.sleep_until(at.unwrap_or_else(far_future));
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
@@ -418,7 +418,7 @@ impl RedisEngine {
                 let last = after.is_none() && attempt >= policy.attempts();
                 let delay = after.unwrap_or_else(|| policy.jittered_delay(attempt));
                 let due = now_ms().saturating_add(delay.as_millis() as u64);
-                let reason = format!("retried on its last delivery ({attempt} of {attempt})");
+                let reason = last_attempt_reason(attempt);
                 tokio::spawn(async move {
                     let outcome = if last { "dead" } else { "retry" };
                     drop(reply.send(shared.finish(&id, token, outcome, due, &reason).await))
@@ -512,10 +512,6 @@ impl RedisEngine {
             (a, b) => a.or(b),
         })
     }
-}
-
-fn instant_of(ms: u64) -> Instant {
-    Instant::now() + Duration::from_millis(ms.saturating_sub(now_ms()))
 }
 
 impl Shared {
