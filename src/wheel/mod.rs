@@ -37,21 +37,21 @@
 //!
 //! # Performance notes
 //!
-//! Entries live in a [`slab::Slab`]; every slot is an intrusive doubly-linked list threaded
-//! through slab indices, so insert, remove and reschedule are O(1) (plus one division pair per
+//! Positions live in a table of 20-byte nodes indexed by dense ids (for a `TimerWheel`, slab
+//! indices; the actor uses its timer-pool indices); every slot is an intrusive doubly-linked
+//! list threaded through those ids, so insert, remove and reschedule are O(1) (plus one division pair per
 //! level climbed) and allocate only when the slab grows. Keys carry a generation, so a key
 //! whose entry has gone never reaches a newer entry that reuses its index.
 
 mod bitmap;
+pub(crate) mod cascade;
 mod layout;
 
 use slab::Slab;
 
-use self::bitmap::Bitmap;
+use self::cascade::Cascade;
 use crate::error::BuildError;
 pub use layout::{Layout, MAX_LEVELS, MAX_SLOTS_PER_LEVEL};
-
-const NIL: u32 = u32::MAX;
 
 /// A handle to an entry of a [`TimerWheel`].
 ///
@@ -89,48 +89,10 @@ pub struct Expired<T> {
     pub deadline: u64,
 }
 
-/// Which list an entry is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum List {
-    Slot { level: u8, slot: u16 },
-    Ready,
-    Overflow,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Links {
-    head: u32,
-    tail: u32,
-}
-
-impl Links {
-    const EMPTY: Links = Links {
-        head: NIL,
-        tail: NIL,
-    };
-}
-
 #[derive(Debug)]
 struct Entry<T> {
     item: T,
-    deadline: u64,
     generation: u32,
-    prev: u32,
-    next: u32,
-    list: List,
-}
-
-#[derive(Debug)]
-struct Level {
-    /// Ticks one slot spans.
-    unit: u64,
-    /// Ticks the whole level spans (`unit * slots.len()`).
-    span: u64,
-    /// Where the level's current block starts: `now - now % span`, kept up to date by
-    /// `set_now` so filing an entry needs comparisons, not divisions.
-    block_start: u64,
-    slots: Box<[Links]>,
-    occupied: Bitmap,
 }
 
 /// A hierarchical timer wheel holding items of type `T` at `u64` deadline ticks.
@@ -138,19 +100,9 @@ struct Level {
 /// See the [module documentation](self) for how it works.
 #[derive(Debug)]
 pub struct TimerWheel<T> {
+    cascade: Cascade,
     entries: Slab<Entry<T>>,
-    levels: Box<[Level]>,
-    /// Bit `i` is set while level `i` has an entry.
-    occupied_levels: u32,
-    ready: Links,
-    overflow: Links,
-    /// A lower bound of the overflow deadlines (exact after each re-entry), so re-entry jumps
-    /// straight to the block of the earliest one instead of visiting every top-level wrap.
-    overflow_min: u64,
-    /// The tick the wheel has been advanced to.
-    now: u64,
     next_generation: u32,
-    cascades: u64,
 }
 
 impl<T> TimerWheel<T> {
@@ -170,39 +122,18 @@ impl<T> TimerWheel<T> {
     /// As [`new`](Self::new).
     pub fn with_capacity(slots_per_level: &[u32], capacity: usize) -> Result<Self, BuildError> {
         Layout::custom(slots_per_level)?;
-        let mut unit = 1u64;
-        let levels = slots_per_level
-            .iter()
-            .map(|&slots| {
-                // Cannot overflow: validation checked the product of all levels.
-                let span = unit * u64::from(slots);
-                let level = Level {
-                    unit,
-                    span,
-                    block_start: 0,
-                    slots: vec![Links::EMPTY; slots as usize].into_boxed_slice(),
-                    occupied: Bitmap::new(slots as usize),
-                };
-                unit = span;
-                level
-            })
-            .collect();
+        let mut cascade = Cascade::new(slots_per_level);
+        cascade.reserve_ids(capacity);
         Ok(TimerWheel {
+            cascade,
             entries: Slab::with_capacity(capacity),
-            levels,
-            occupied_levels: 0,
-            ready: Links::EMPTY,
-            overflow: Links::EMPTY,
-            overflow_min: u64::MAX,
-            now: 0,
             next_generation: 0,
-            cascades: 0,
         })
     }
 
     /// The tick the wheel has been advanced to.
     pub fn now(&self) -> u64 {
-        self.now
+        self.cascade.now()
     }
 
     /// How many entries are in the wheel.
@@ -217,13 +148,13 @@ impl<T> TimerWheel<T> {
 
     /// How many entries have moved down a level so far.
     pub fn cascades(&self) -> u64 {
-        self.cascades
+        self.cascade.cascades()
     }
 
     /// Ticks covered by the levels; deadlines further than this from [`now`](Self::now) wait
     /// in the overflow list.
     pub fn span(&self) -> u64 {
-        self.levels.last().map_or(1, |level| level.span)
+        self.cascade.span()
     }
 
     /// Inserts `item` due at `deadline`; a deadline at or before [`now`](Self::now) is due at
@@ -231,36 +162,23 @@ impl<T> TimerWheel<T> {
     pub fn insert(&mut self, deadline: u64, item: T) -> Key {
         let generation = self.next_generation;
         self.next_generation = self.next_generation.wrapping_add(1);
-        let index = self.entries.insert(Entry {
-            item,
-            deadline,
-            generation,
-            prev: NIL,
-            next: NIL,
-            list: List::Ready,
-        });
+        let index = self.entries.insert(Entry { item, generation });
         let index = u32::try_from(index).expect("more than u32::MAX timers in one wheel");
-        self.link(index);
+        self.cascade.insert(index, deadline);
         Key { index, generation }
     }
 
     /// Removes the entry, returning its item, or `None` if the key is stale. O(1).
     pub fn remove(&mut self, key: Key) -> Option<T> {
         self.get_entry(key)?;
-        self.unlink(key.index);
+        self.cascade.remove(key.index);
         Some(self.entries.remove(key.index as usize).item)
     }
 
     /// Moves the entry to `deadline` (earlier or later). Returns `false` if the key is stale.
     /// O(1).
     pub fn reschedule(&mut self, key: Key, deadline: u64) -> bool {
-        if self.get_entry(key).is_none() {
-            return false;
-        }
-        self.unlink(key.index);
-        self.entries[key.index as usize].deadline = deadline;
-        self.link(key.index);
-        true
+        self.get_entry(key).is_some() && self.cascade.reschedule(key.index, deadline)
     }
 
     /// The entry's item, or `None` if the key is stale.
@@ -278,7 +196,8 @@ impl<T> TimerWheel<T> {
 
     /// The entry's deadline tick, or `None` if the key is stale.
     pub fn deadline(&self, key: Key) -> Option<u64> {
-        self.get_entry(key).map(|entry| entry.deadline)
+        self.get_entry(key)?;
+        self.cascade.tick(key.index)
     }
 
     /// The tick at which the wheel next has work: an entry to fire, a slot to cascade, or the
@@ -287,10 +206,7 @@ impl<T> TimerWheel<T> {
     /// Entries fire at their own deadline, so this is never later than the earliest deadline
     /// and never earlier than [`now`](Self::now).
     pub fn next_expiration(&self) -> Option<u64> {
-        if self.ready.head != NIL {
-            return Some(self.now);
-        }
-        self.next_boundary().map(|(tick, _)| tick)
+        self.cascade.next_expiration()
     }
 
     /// Advances the wheel towards `now` and returns one entry whose deadline is at or before
@@ -300,28 +216,12 @@ impl<T> TimerWheel<T> {
     /// The wheel's tick never moves backwards: a `now` behind [`now`](Self::now) only hands out
     /// entries that are already due.
     pub fn poll_expired(&mut self, now: u64) -> Option<Expired<T>> {
-        loop {
-            if self.ready.head != NIL {
-                let index = self.ready.head;
-                self.unlink(index);
-                let entry = self.entries.remove(index as usize);
-                debug_assert!(entry.deadline <= self.now, "an entry fired early");
-                return Some(Expired {
-                    item: entry.item,
-                    deadline: entry.deadline,
-                });
-            }
-            match self.next_boundary() {
-                Some((tick, boundary)) if tick <= now => {
-                    self.set_now(tick);
-                    self.cascade(boundary);
-                }
-                _ => {
-                    self.set_now(self.now.max(now));
-                    return None;
-                }
-            }
-        }
+        let (index, deadline) = self.cascade.poll_expired(now)?;
+        let entry = self.entries.remove(index as usize);
+        Some(Expired {
+            item: entry.item,
+            deadline,
+        })
     }
 
     /// Advances the wheel to `now`, calling `fire` for every entry due by then. Returns how
@@ -340,180 +240,23 @@ impl<T> TimerWheel<T> {
     pub fn shrink_if_empty(&mut self, keep: usize) {
         if self.entries.is_empty() && self.entries.capacity() > keep {
             self.entries = Slab::new();
+            self.cascade.shrink(0, 0);
         }
     }
 
     /// Removes every entry, in no particular order, keeping the current tick.
     pub fn drain(&mut self) -> impl Iterator<Item = (u64, T)> + '_ {
-        for level in self.levels.iter_mut() {
-            level.slots.fill(Links::EMPTY);
-            level.occupied = Bitmap::new(level.slots.len());
-        }
-        self.occupied_levels = 0;
-        self.ready = Links::EMPTY;
-        self.overflow = Links::EMPTY;
-        self.overflow_min = u64::MAX;
-        self.entries
-            .drain()
-            .map(|entry| (entry.deadline, entry.item))
-    }
-
-    /// The next tick with work on the levels or in overflow, and which list it empties.
-    fn next_boundary(&self) -> Option<(u64, List)> {
-        if self.occupied_levels != 0 {
-            let level = self.occupied_levels.trailing_zeros() as usize;
-            let Level {
-                unit,
-                span,
-                block_start,
-                occupied,
-                ..
-            } = &self.levels[level];
-            let slot = occupied.first_set().expect("occupied level has a set bit");
-            debug_assert_eq!(*block_start, self.now - self.now % span);
-            let list = List::Slot {
-                level: level as u8,
-                slot: slot as u16,
-            };
-            return Some((block_start + slot as u64 * unit, list));
-        }
-        if self.overflow.head != NIL {
-            let span = self.span();
-            // Overflow entries lie in later top-level blocks, and the tick never passes the
-            // block of `overflow_min` without re-entering the overflow list: this is ahead.
-            let block_start = self.overflow_min - self.overflow_min % span;
-            debug_assert!(block_start > self.now);
-            return Some((block_start, List::Overflow));
-        }
-        None
-    }
-
-    /// Re-files every entry of `list` relative to the current tick: each moves at least one
-    /// level down, or to the ready list.
-    fn cascade(&mut self, list: List) {
-        let links = std::mem::replace(self.links_mut(list), Links::EMPTY);
-        match list {
-            List::Slot { level, slot } => self.mark_empty(level as usize, slot as usize),
-            List::Overflow => self.overflow_min = u64::MAX,
-            List::Ready => {}
-        }
-        let mut index = links.head;
-        while index != NIL {
-            let next = self.entries[index as usize].next;
-            if !matches!(list, List::Slot { level: 0, .. }) {
-                self.cascades += 1;
-            }
-            self.link(index);
-            index = next;
-        }
+        let drained: Vec<(u32, u64)> = self.cascade.drain().collect();
+        let entries = &mut self.entries;
+        drained
+            .into_iter()
+            .map(move |(index, tick)| (tick, entries.remove(index as usize).item))
     }
 
     fn get_entry(&self, key: Key) -> Option<&Entry<T>> {
         self.entries
             .get(key.index as usize)
             .filter(|entry| entry.generation == key.generation)
-    }
-
-    /// Moves the current tick, keeping every level's block start in step.
-    fn set_now(&mut self, now: u64) {
-        if now == self.now {
-            return;
-        }
-        self.now = now;
-        for level in self.levels.iter_mut() {
-            level.block_start = now - now % level.span;
-        }
-    }
-
-    /// The list a deadline belongs on, given the current tick: the lowest level whose
-    /// current block holds it (one comparison per level climbed, one division at most).
-    fn list_for(&self, deadline: u64) -> List {
-        if deadline <= self.now {
-            return List::Ready;
-        }
-        for (level, l) in self.levels.iter().enumerate() {
-            // `deadline > now >= block_start`, so this cannot underflow.
-            let offset = deadline - l.block_start;
-            if offset < l.span {
-                let slot = if l.unit == 1 { offset } else { offset / l.unit };
-                return List::Slot {
-                    level: level as u8,
-                    slot: slot as u16,
-                };
-            }
-        }
-        List::Overflow
-    }
-
-    fn links_mut(&mut self, list: List) -> &mut Links {
-        match list {
-            List::Slot { level, slot } => &mut self.levels[level as usize].slots[slot as usize],
-            List::Ready => &mut self.ready,
-            List::Overflow => &mut self.overflow,
-        }
-    }
-
-    /// Appends entry `index` to the tail of the list its deadline belongs on.
-    fn link(&mut self, index: u32) {
-        let list = self.list_for(self.entries[index as usize].deadline);
-        let links = self.links_mut(list);
-        let prev = links.tail;
-        links.tail = index;
-        if prev == NIL {
-            links.head = index;
-        }
-        if prev != NIL {
-            self.entries[prev as usize].next = index;
-        }
-        let entry = &mut self.entries[index as usize];
-        entry.prev = prev;
-        entry.next = NIL;
-        entry.list = list;
-        let deadline = entry.deadline;
-        match list {
-            List::Slot { level, slot } => {
-                if prev == NIL {
-                    self.levels[level as usize].occupied.set(slot as usize);
-                    self.occupied_levels |= 1 << level;
-                }
-            }
-            List::Overflow if prev == NIL => self.overflow_min = deadline,
-            List::Overflow => self.overflow_min = self.overflow_min.min(deadline),
-            List::Ready => {}
-        }
-    }
-
-    /// Takes entry `index` off its list.
-    fn unlink(&mut self, index: u32) {
-        let Entry {
-            prev, next, list, ..
-        } = self.entries[index as usize];
-        if prev != NIL {
-            self.entries[prev as usize].next = next;
-        }
-        if next != NIL {
-            self.entries[next as usize].prev = prev;
-        }
-        let links = self.links_mut(list);
-        if links.head == index {
-            links.head = next;
-        }
-        if links.tail == index {
-            links.tail = prev;
-        }
-        if links.head == NIL {
-            if let List::Slot { level, slot } = list {
-                self.mark_empty(level as usize, slot as usize);
-            }
-        }
-    }
-
-    fn mark_empty(&mut self, level: usize, slot: usize) {
-        let occupied = &mut self.levels[level].occupied;
-        occupied.clear(slot);
-        if occupied.is_empty() {
-            self.occupied_levels &= !(1 << level);
-        }
     }
 }
 
