@@ -1,21 +1,19 @@
 //! [`Builder`]: tick, layout, name and runtime of a new [`Wheel`].
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::actor::Actor;
 use crate::actor::inbox::Inbox;
 use crate::actor::timers::TimerMachine;
-use crate::clock::Clock;
 use crate::error::BuildError;
-use crate::handle::{Shared, Wheel};
-use crate::stats::StatsCell;
-use crate::wheel::{Layout, TimerWheel};
+use crate::handle::Wheel;
+use crate::timer::clock::Clock;
+use crate::timer::shared::Shared;
+use crate::wheel::Layout;
 
 /// Configures and starts a [`Wheel`].
 ///
@@ -90,8 +88,8 @@ impl Builder {
     /// # Panics
     ///
     /// With the message of the [`BuildError`] that [`try_build`](Self::try_build) would
-    /// return: outside a runtime (name one with [`runtime`](Self::runtime)), for a zero tick,
-    /// or for a layout that cannot work.
+    /// return: outside a runtime (name one with [`runtime`](Self::runtime)), on a runtime
+    /// without a time driver, for a zero tick, or for a layout that cannot work.
     #[track_caller]
     pub fn build(self) -> Wheel {
         match self.try_build() {
@@ -105,32 +103,37 @@ impl Builder {
     /// # Errors
     ///
     /// [`BuildError::NoRuntime`] outside a runtime when none was named,
+    /// [`BuildError::NoTimeDriver`] for a runtime built without `enable_time`,
     /// [`BuildError::ZeroTick`], and [`BuildError::InvalidLayout`].
     pub fn try_build(self) -> Result<Wheel, BuildError> {
         let runtime = match self.runtime {
             Some(runtime) => runtime,
             None => Handle::try_current().map_err(|_| BuildError::NoRuntime)?,
         };
+        if !has_time_driver(&runtime) {
+            return Err(BuildError::NoTimeDriver);
+        }
         let levels = self.layout.slots_per_level(self.tick)?;
-        let wheel = TimerWheel::new(&levels)?;
         // Read the runtime's clock, which may be paused.
         let origin = {
             let _entered = runtime.enter();
             Instant::now()
         };
-        let shared = Arc::new(Shared {
-            name: self.name,
-            clock: Clock::new(origin, self.tick),
-            runtime,
-            levels,
-            closed: AtomicBool::new(false),
-            shutdown: watch::Sender::new(false),
-            live_actors: watch::Sender::new(0),
-            stats: StatsCell::default(),
-        });
-        let inbox = Arc::new(Inbox::new());
-        Actor::new(TimerMachine::new(wheel), inbox.clone(), shared.clone()).spawn("timers");
+        let clock = Clock::new(origin, self.tick);
+        let shared = Arc::new(Shared::new(self.name, clock, runtime, levels));
+        let shards = Inbox::<()>::shards_for_this_machine();
+        let inbox = Arc::new(Inbox::new(shards));
+        let machine = TimerMachine::new(&shared.levels, clock, shards);
+        Actor::new(machine, inbox.clone(), shared.clone()).spawn("timers");
         tracing::debug!(wheel = %shared.name, tick = ?self.tick, levels = ?shared.levels, "wheel built");
         Ok(Wheel::from_parts(shared, inbox))
     }
+}
+
+/// Whether `runtime` has a time driver. Tokio offers no query: creating a `Sleep` (which
+/// registers nothing until polled) panics without one, with tokio's own message. This is the
+/// only panic the crate catches on purpose; with `panic = "abort"` it aborts instead.
+fn has_time_driver(runtime: &Handle) -> bool {
+    let _entered = runtime.enter();
+    std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
 }

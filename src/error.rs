@@ -10,6 +10,8 @@ use std::fmt;
 pub enum BuildError {
     /// No Tokio runtime was given and none is running on this thread.
     NoRuntime,
+    /// The runtime has no time driver: it was built without `enable_time` (or `enable_all`).
+    NoTimeDriver,
     /// The tick was zero.
     ZeroTick,
     /// The layout cannot work; the message says which rule it breaks.
@@ -22,6 +24,10 @@ impl fmt::Display for BuildError {
             BuildError::NoRuntime => f.write_str(
                 "no Tokio runtime: build the wheel inside a runtime (e.g. under #[tokio::main]) \
                  or pass one with Builder::runtime(handle)",
+            ),
+            BuildError::NoTimeDriver => f.write_str(
+                "the runtime has no time driver: build it with enable_time() (or enable_all()) \
+                 on its tokio::runtime::Builder",
             ),
             BuildError::ZeroTick => f.write_str("the tick must be longer than zero"),
             BuildError::InvalidLayout(why) => write!(f, "invalid wheel layout: {why}"),

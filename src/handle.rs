@@ -4,48 +4,35 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Waker;
 use std::time::Duration;
 
-use tokio::runtime::Handle;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::actor::inbox::Inbox;
 use crate::actor::timers::Command;
 use crate::builder::Builder;
-use crate::clock::{Clock, deadline_after};
 use crate::interval::Interval;
 use crate::job::{JobHandle, Schedule};
 use crate::keyed::{Expirations, Timers};
 use crate::sleep::Sleep;
-use crate::stats::{Stats, StatsCell};
+use crate::stats::Stats;
 use crate::timeout::Timeout;
+use crate::timer::clock::deadline_after;
+use crate::timer::shared::Shared;
 
-/// What the actors and the handles share. Actors hold this, never [`Inner`], so the command
-/// channel closes when the last handle goes.
-pub(crate) struct Shared {
-    pub(crate) name: String,
-    pub(crate) clock: Clock,
-    pub(crate) runtime: Handle,
-    pub(crate) levels: Vec<u32>,
-    /// Set once the wheel stops; new timers are refused from then on.
-    pub(crate) closed: AtomicBool,
-    pub(crate) shutdown: watch::Sender<bool>,
-    /// Actors not yet stopped; `shutdown()` waits for zero.
-    pub(crate) live_actors: watch::Sender<usize>,
-    pub(crate) stats: StatsCell,
+/// Where a new timer went: its pool slot, its inbox shard, and its command's position there.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Filed {
+    pub(crate) slot: u32,
+    pub(crate) shard: u32,
+    pub(crate) position: u32,
 }
 
-impl Shared {
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-}
-
+/// What every handle of a wheel holds. The main actor's queue closes when the last one goes.
 pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
-    inbox: Arc<Inbox<Command>>,
+    pub(crate) inbox: Arc<Inbox<Command>>,
 }
 
 impl Drop for Inner {
@@ -135,12 +122,42 @@ impl Wheel {
         &self.inner.shared
     }
 
-    /// Sends a command to the main actor; `false` if the wheel has stopped.
-    pub(crate) fn send(&self, command: Command) -> bool {
+    /// Sends a command to the main actor through inbox shard `shard`; `None` if the wheel
+    /// has stopped, else where in the shard's queue it went.
+    pub(crate) fn send(&self, shard: u32, command: Command) -> Option<u32> {
         if self.inner.shared.is_closed() {
-            return false;
+            return None;
         }
-        self.inner.inbox.send(command).is_ok()
+        self.inner.inbox.send(shard as usize, command).ok()
+    }
+
+    /// Takes a pool slot for a timer due at offset `deadline`, arms it (registering `waker`,
+    /// if any) and files it with the command `file` makes, through this thread's shard.
+    /// Returns the slot, the shard and the command's position in the shard's queue, or `None`
+    /// if the wheel has stopped.
+    pub(crate) fn file_timer(
+        &self,
+        deadline: u64,
+        waker: Option<&Waker>,
+        file: impl FnOnce(u32) -> Command,
+    ) -> Option<Filed> {
+        let Inner { shared, inbox } = &*self.inner;
+        if shared.is_closed() {
+            return None;
+        }
+        let shard = inbox.shard_for_thread();
+        let (slot, position) = inbox.send_with_slot(shard, &shared.pool, |index, slot| {
+            slot.word.arm(deadline);
+            if let Some(waker) = waker {
+                slot.waker.register(waker);
+            }
+            file(index)
+        })?;
+        Some(Filed {
+            slot,
+            shard: shard as u32,
+            position,
+        })
     }
 
     /// The wheel's resolution.
@@ -171,13 +188,18 @@ impl Wheel {
     }
 
     /// Runs `future`, giving up after `duration` with [`Elapsed`](crate::Elapsed).
+    ///
+    /// The duration counts from the first poll that finds `future` pending, so a timeout
+    /// around a future that is ready at once never reads the clock. Awaited where it is made
+    /// (the usual way), that is the same as tokio's `timeout`; use
+    /// [`timeout_at`](Self::timeout_at) for a deadline fixed now.
     pub fn timeout<F: Future>(&self, duration: Duration, future: F) -> Timeout<F> {
-        Timeout::new(future, self.sleep(duration))
+        Timeout::after(self.clone(), duration, future)
     }
 
     /// Runs `future`, giving up at `deadline` with [`Elapsed`](crate::Elapsed).
     pub fn timeout_at<F: Future>(&self, deadline: Instant, future: F) -> Timeout<F> {
-        Timeout::new(future, self.sleep_until(deadline))
+        Timeout::at(self.sleep_until(deadline), future)
     }
 
     /// An [`Interval`] ticking every `period`, the first tick at once.
@@ -249,17 +271,15 @@ impl Wheel {
     /// Useful in tests and benchmarks; timers work without it.
     pub async fn flush(&self) {
         let (reply, done) = tokio::sync::oneshot::channel();
-        if self.send(Command::Flush(reply)) {
+        let shard = self.inner.inbox.shard_for_thread() as u32;
+        if self.send(shard, Command::Flush(reply)).is_some() {
             let _ = done.await;
         }
     }
 
     /// A snapshot of the wheel's counters.
     pub fn stats(&self) -> Stats {
-        let shared = &self.inner.shared;
-        shared
-            .stats
-            .snapshot(&shared.name, *shared.live_actors.borrow())
+        Stats::from_shared(&self.inner.shared)
     }
 
     /// Stops the wheel gracefully and waits until every actor has stopped.
@@ -273,12 +293,10 @@ impl Wheel {
     /// Calling it again is harmless.
     pub async fn shutdown(&self) {
         let shared = &self.inner.shared;
-        if !shared.closed.swap(true, Ordering::AcqRel) {
+        if shared.close() {
             tracing::debug!(wheel = %shared.name, "shutdown requested");
         }
-        shared.shutdown.send_replace(true);
-        let mut live = shared.live_actors.subscribe();
-        // The sender lives in `shared`, so this cannot fail while we hold it.
-        let _ = live.wait_for(|live| *live == 0).await;
+        shared.request_shutdown();
+        shared.actors_stopped().await;
     }
 }

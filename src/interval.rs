@@ -25,12 +25,40 @@ use std::time::Duration;
 use futures::Stream;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::clock::saturating_add;
 use crate::sleep::{Sleep, Woke};
+use crate::timer::clock::saturating_add;
 
-/// Lateness below which a tick counts as on time, as in tokio (raised to the wheel's tick when
-/// that is longer, so rounding alone never counts as a missed tick).
+/// Lateness below which a tick counts as on time, as in tokio.
 const MISSED_TICK_GRACE: Duration = Duration::from_millis(5);
+
+/// The grace on a wheel with ticks of `tick`: tokio's, raised to the tick when that is longer,
+/// so rounding alone never counts as a missed tick.
+pub(crate) fn missed_tick_grace(tick: Duration) -> Duration {
+    MISSED_TICK_GRACE.max(tick)
+}
+
+/// When the tick after the one scheduled at `scheduled` is due, for a tick taken at `now`:
+/// tokio's `Interval` rules. A tick taken within `grace` of its schedule is on time, and the
+/// next follows one period later; otherwise `behavior` decides.
+pub(crate) fn next_tick(
+    scheduled: Instant,
+    now: Instant,
+    period: Duration,
+    grace: Duration,
+    behavior: MissedTickBehavior,
+) -> Instant {
+    if now <= saturating_add(scheduled, grace) {
+        return saturating_add(scheduled, period);
+    }
+    match behavior {
+        MissedTickBehavior::Delay => saturating_add(now, period),
+        MissedTickBehavior::Skip => {
+            let behind = (now - scheduled).as_nanos() % period.as_nanos();
+            saturating_add(now, period - Duration::from_nanos(behind as u64))
+        }
+        _ => saturating_add(scheduled, period),
+    }
+}
 
 /// Ticks every period; made by [`Wheel::interval`](crate::Wheel::interval) and
 /// [`Wheel::interval_at`](crate::Wheel::interval_at).
@@ -53,7 +81,7 @@ impl Interval {
             !period.is_zero(),
             "tokio-wheel: an interval's period must be non-zero"
         );
-        let grace = MISSED_TICK_GRACE.max(sleep.wheel_tick());
+        let grace = missed_tick_grace(sleep.wheel().tick());
         Interval {
             sleep,
             period,
@@ -76,19 +104,13 @@ impl Interval {
     fn poll_tick_woke(&mut self, cx: &mut Context<'_>) -> Poll<(Instant, Woke)> {
         let woke = ready!(self.sleep.poll_woke(cx));
         let scheduled = self.sleep.deadline();
-        let now = Instant::now();
-        let next = if now > saturating_add(scheduled, self.grace) {
-            match self.missed_tick_behavior {
-                MissedTickBehavior::Delay => saturating_add(now, self.period),
-                MissedTickBehavior::Skip => {
-                    let behind = (now - scheduled).as_nanos() % self.period.as_nanos();
-                    saturating_add(now, self.period - Duration::from_nanos(behind as u64))
-                }
-                _ => saturating_add(scheduled, self.period),
-            }
-        } else {
-            saturating_add(scheduled, self.period)
-        };
+        let next = next_tick(
+            scheduled,
+            Instant::now(),
+            self.period,
+            self.grace,
+            self.missed_tick_behavior,
+        );
         Pin::new(&mut self.sleep).reset(next);
         Poll::Ready((scheduled, woke))
     }

@@ -20,27 +20,33 @@ use std::fmt;
 use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::{Notify, oneshot};
+use futures::task::AtomicWaker;
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::actor::timers::{Command, Timer};
+use crate::actor::timers::{Command, JobInsert};
 use crate::error::JobError;
-use crate::handle::{Shared, Wheel};
+use crate::handle::Wheel;
+use crate::interval::missed_tick_grace;
 use crate::sleep::Woke;
-use crate::state::{Cancelled, Moved, State, TimerState};
+use crate::timer::Launch;
+use crate::timer::clock::{deadline_after, saturating_add};
+use crate::timer::shared::Shared;
+use crate::timer::state::Moved;
 
 /// How a periodic job ([`Wheel::spawn_every`](crate::Wheel::spawn_every)) keeps time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Schedule {
-    /// Runs at `start + k · period`, keeping the phase. A run that overruns its slot makes the
-    /// missed slots be skipped, not run in a burst.
+    /// Runs at `start + k · period`, keeping the phase. Slots missed while a run overran are
+    /// skipped, not run in a burst; a run that ends on (or within 5 ms after) a slot does not
+    /// skip it — tokio's `Interval` with `MissedTickBehavior::Skip`.
     FixedRate,
     /// Waits `period` after each run completes.
     FixedDelay,
@@ -48,13 +54,94 @@ pub enum Schedule {
 
 type JobResult<T> = Result<T, JobError>;
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code panics while holding these locks; recover rather than propagate.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Where a job's result waits for its handle. The first result set wins.
+struct Outcome<T> {
+    result: Mutex<Option<JobResult<T>>>,
+    done: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl<T> Outcome<T> {
+    fn new() -> Arc<Self> {
+        Arc::new(Outcome {
+            result: Mutex::new(None),
+            done: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        })
+    }
+
+    fn set(&self, result: JobResult<T>) {
+        let mut slot = lock(&self.result);
+        if self.done.load(Ordering::Acquire) {
+            return;
+        }
+        *slot = Some(result);
+        // Set while the result is in place, so `is_done` means "awaiting returns at once".
+        self.done.store(true, Ordering::Release);
+        drop(slot);
+        self.waker.wake();
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<JobResult<T>> {
+        if !self.is_done() {
+            self.waker.register(cx.waker());
+            if !self.is_done() {
+                return Poll::Pending;
+            }
+        }
+        match lock(&self.result).take() {
+            Some(result) => Poll::Ready(result),
+            // Polled again after it returned: as with a fused future, it stays pending.
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// Settles a job's outcome however its task ends: with the job's result, or, if the task is
+/// dropped first (aborted, or its runtime shut down, even before its first poll), with
+/// `Cancelled` or `Shutdown`.
+struct Settle<T> {
+    outcome: Arc<Outcome<T>>,
+    aborted: Arc<AtomicBool>,
+}
+
+impl<T> Settle<T> {
+    fn finish(self, result: JobResult<T>) {
+        self.outcome.set(result);
+    }
+}
+
+impl<T> Drop for Settle<T> {
+    fn drop(&mut self) {
+        // A no-op after `finish`: the first result wins.
+        self.outcome
+            .set(Err(if self.aborted.load(Ordering::Acquire) {
+                JobError::Cancelled
+            } else {
+                JobError::Shutdown
+            }));
+    }
+}
+
 /// A handle to a delayed or periodic job; made by [`Wheel::spawn_after`],
 /// [`Wheel::spawn_at`] and [`Wheel::spawn_every`].
 ///
 /// - Jobs run as Tokio tasks on the wheel's runtime; the actor never runs user code.
 /// - Awaiting the handle yields the job's output, or a [`JobError`]: `Cancelled` (cancelled or
 ///   aborted before it finished), `Panicked` (the panic is contained; the wheel keeps running),
-///   or `Shutdown` (the wheel stopped before it ran).
+///   or `Shutdown` (the wheel, or the runtime running the job, stopped before it finished).
+/// - [`is_finished`](Self::is_finished) is true exactly when awaiting would return at once.
 /// - Dropping the handle detaches the job: it still runs, like a `tokio::task::JoinHandle`.
 ///
 /// A periodic job's handle ([`Wheel::spawn_every`]) controls its future runs: `cancel` stops
@@ -68,17 +155,15 @@ type JobResult<T> = Result<T, JobError>;
 #[must_use = "dropping a JobHandle detaches the job; it still runs"]
 pub struct JobHandle<T> {
     wheel: Wheel,
-    control: Arc<dyn JobControl>,
-    /// The entry filed in the main actor's wheel (one-shot jobs only), to name it in commands.
-    entry: Option<Arc<dyn JobEntry>>,
-    result: oneshot::Receiver<JobResult<T>>,
+    control: Arc<dyn Control>,
+    outcome: Arc<Outcome<T>>,
 }
 
 impl<T> fmt::Debug for JobHandle<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobHandle")
             .field("deadline", &self.control.deadline())
-            .field("finished", &self.control.is_finished())
+            .field("finished", &self.outcome.is_done())
             .finish_non_exhaustive()
     }
 }
@@ -88,26 +173,36 @@ impl<T: Send + 'static> JobHandle<T> {
     where
         F: Future<Output = T> + Send + 'static,
     {
-        let (sender, result) = oneshot::channel();
+        let outcome = Outcome::new();
+        let offset = wheel.shared().clock.offset(deadline);
         let job = Arc::new(OneShot {
-            state: TimerState::pending(wheel.shared().clock.deadline_tick(deadline)),
+            slot: AtomicU64::new(u64::MAX),
+            future: Mutex::new(Some(future)),
+            outcome: outcome.clone(),
+            task: Mutex::new(None),
+            aborted: Arc::new(AtomicBool::new(false)),
             deadline: Mutex::new(deadline),
-            slot: Mutex::new(Slot {
-                future: Some(future),
-                sender: Some(sender),
-                task: None,
-            }),
-            aborted: AtomicBool::new(false),
-            finished: AtomicBool::new(false),
+            filed: AtomicU64::new(offset),
         });
-        if !wheel.send(Command::Insert(Timer::Job(job.clone()))) && job.state.shut_down() {
-            job.refuse();
+        let launch: Arc<dyn Launch> = job.clone();
+        let filed = wheel.file_timer(offset, None, |slot| {
+            Command::InsertJob(Box::new(JobInsert {
+                slot,
+                deadline: offset,
+                launch,
+            }))
+        });
+        match filed {
+            Some(filed) => job.slot.store(
+                u64::from(filed.slot) | (u64::from(filed.shard) << 32),
+                Ordering::Release,
+            ),
+            None => job.refuse(),
         }
         JobHandle {
             wheel,
-            control: job.clone(),
-            entry: Some(job),
-            result,
+            control: job,
+            outcome,
         }
     }
 }
@@ -127,30 +222,30 @@ impl JobHandle<()> {
             !period.is_zero(),
             "tokio-wheel: a periodic job's period must be non-zero"
         );
-        let (sender, result) = oneshot::channel();
+        let outcome = Outcome::new();
         let control = Arc::new(Periodic {
-            next: Mutex::new(crate::clock::deadline_after(period)),
+            next: Mutex::new(deadline_after(period)),
             cancelled: AtomicBool::new(false),
-            aborted: AtomicBool::new(false),
-            finished: AtomicBool::new(false),
+            aborted: Arc::new(AtomicBool::new(false)),
             wake: Notify::new(),
             task: Mutex::new(None),
+            finished: outcome.clone(),
         });
-        let driver = drive_periodic(
-            wheel.clone(),
-            control.clone(),
-            period,
-            schedule,
-            job,
-            sender,
-        );
-        let task = wheel.shared().runtime.spawn(driver);
+        let settle = Settle {
+            outcome: outcome.clone(),
+            aborted: control.aborted.clone(),
+        };
+        let driver = drive_periodic(wheel.clone(), control.clone(), period, schedule, job);
+        let task = wheel.shared().runtime.spawn(async move {
+            let settle = settle;
+            let stopped = driver.await;
+            settle.finish(Err(stopped));
+        });
         *lock(&control.task) = Some(task.abort_handle());
         JobHandle {
             wheel,
             control,
-            entry: None,
-            result,
+            outcome,
         }
     }
 }
@@ -160,25 +255,19 @@ impl<T> JobHandle<T> {
     /// For a periodic job, `true` means this call stopped its future runs (a run in progress
     /// finishes).
     pub fn cancel(&self) -> bool {
-        let (cancelled, notice) = self.control.cancel();
-        self.tell_actor(notice);
-        cancelled
+        self.control.cancel(&self.wheel)
     }
 
     /// Moves a pending job to `deadline`, earlier or later: `true` means it is still pending
     /// and now due then. For a periodic job, moves the next run.
     pub fn reschedule(&self, deadline: Instant) -> bool {
-        let tick = self.wheel.shared().clock.deadline_tick(deadline);
-        let (moved, notice) = self.control.reschedule(tick, deadline);
-        self.tell_actor(notice);
-        moved
+        self.control.reschedule(&self.wheel, deadline)
     }
 
     /// Stops the job even if it is running (as tokio's `AbortHandle`). Awaiting it then yields
     /// `Err(JobError::Cancelled)`, unless it had already finished.
     pub fn abort(&self) {
-        let notice = self.control.abort();
-        self.tell_actor(notice);
+        self.control.abort(&self.wheel);
     }
 
     /// When the job is due (for a periodic job: its next run).
@@ -186,204 +275,154 @@ impl<T> JobHandle<T> {
         self.control.deadline()
     }
 
-    /// Whether the job is over: finished, panicked, cancelled, aborted or refused by shutdown.
+    /// Whether the job is over — finished, panicked, cancelled, aborted, or stopped by
+    /// shutdown: exactly when awaiting the handle would return at once.
     pub fn is_finished(&self) -> bool {
-        self.control.is_finished()
-    }
-
-    fn tell_actor(&self, notice: Notice) {
-        let Some(entry) = &self.entry else { return };
-        let timer = Timer::Job(entry.clone());
-        match notice {
-            Notice::Nothing => {}
-            Notice::Cancel => {
-                self.wheel.send(Command::Cancel(timer));
-            }
-            Notice::Reschedule => {
-                self.wheel.send(Command::Reschedule(timer));
-            }
-        }
+        self.outcome.is_done()
     }
 }
 
 impl<T> Future for JobHandle<T> {
     type Output = JobResult<T>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<JobResult<T>> {
-        Pin::new(&mut self.result).poll(cx).map(|received| {
-            received.unwrap_or_else(|_| {
-                // The result was dropped unsent: the task was aborted, or its runtime stopped.
-                Err(if self.control.was_cancelled() {
-                    JobError::Cancelled
-                } else {
-                    JobError::Shutdown
-                })
-            })
-        })
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<JobResult<T>> {
+        self.outcome.poll(cx)
     }
 }
 
-/// What a job's control asks its handle to tell the main actor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Notice {
-    Nothing,
-    Cancel,
-    Reschedule,
+impl<T> Drop for JobHandle<T> {
+    fn drop(&mut self) {
+        self.control.release(&self.wheel);
+    }
 }
 
 /// What a [`JobHandle`] does to its job, one-shot or periodic.
-trait JobControl: Send + Sync + 'static {
-    fn cancel(&self) -> (bool, Notice);
-    fn reschedule(&self, tick: u64, deadline: Instant) -> (bool, Notice);
-    fn abort(&self) -> Notice;
+trait Control: Send + Sync + 'static {
+    fn cancel(&self, wheel: &Wheel) -> bool;
+    fn reschedule(&self, wheel: &Wheel, deadline: Instant) -> bool;
+    fn abort(&self, wheel: &Wheel);
     fn deadline(&self) -> Instant;
-    fn is_finished(&self) -> bool;
-    fn was_cancelled(&self) -> bool;
+    /// The handle is dropped: the job is detached.
+    fn release(&self, wheel: &Wheel);
 }
 
-/// What the main actor does with a job filed in its wheel.
-pub(crate) trait JobEntry: Send + Sync + 'static {
-    fn state(&self) -> &TimerState;
-    /// The job is due: spawn it.
-    fn start(self: Arc<Self>, shared: &Arc<Shared>);
-    /// The wheel stopped before the job started (its state already says so).
-    fn refuse(&self);
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic never happens while these locks are held; recover rather than propagate.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
+/// A one-shot job: its pool slot, and its future until it starts.
 struct OneShot<F: Future> {
-    state: TimerState,
+    /// Pool slot (low 32 bits) and inbox shard (high 32 bits); `u64::MAX` if never filed.
+    slot: AtomicU64,
+    future: Mutex<Option<F>>,
+    outcome: Arc<Outcome<F::Output>>,
+    task: Mutex<Option<AbortHandle>>,
+    aborted: Arc<AtomicBool>,
     deadline: Mutex<Instant>,
-    slot: Mutex<Slot<F>>,
-    aborted: AtomicBool,
-    finished: AtomicBool,
-}
-
-struct Slot<F: Future> {
-    future: Option<F>,
-    sender: Option<oneshot::Sender<JobResult<F::Output>>>,
-    task: Option<AbortHandle>,
+    /// The deadline offset the actor was last told.
+    filed: AtomicU64,
 }
 
 impl<F: Future> OneShot<F> {
-    /// Drops the future and the result sender: the handle then reads why from the state.
-    fn discard(&self) {
-        let mut slot = lock(&self.slot);
-        slot.future = None;
-        slot.sender = None;
-        self.finished.store(true, Ordering::Release);
+    fn slot(&self) -> Option<(u32, u32)> {
+        let raw = self.slot.load(Ordering::Acquire);
+        (raw != u64::MAX).then_some((raw as u32, (raw >> 32) as u32))
     }
 }
 
-impl<F> JobEntry for OneShot<F>
+impl<F> Launch for OneShot<F>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    fn state(&self) -> &TimerState {
-        &self.state
-    }
-
-    fn start(self: Arc<Self>, shared: &Arc<Shared>) {
-        let mut slot = lock(&self.slot);
-        let (Some(future), Some(sender)) = (slot.future.take(), slot.sender.take()) else {
+    fn launch(self: Arc<Self>, shared: &Arc<Shared>) {
+        let Some(future) = lock(&self.future).take() else {
             return;
         };
-        let task = shared
-            .runtime
-            .spawn(run_one_shot(self.clone(), shared.clone(), future, sender));
+        let settle = Settle {
+            outcome: self.outcome.clone(),
+            aborted: self.aborted.clone(),
+        };
+        let shared_for_task = shared.clone();
+        let task = shared.runtime.spawn(async move {
+            let settle = settle;
+            let result = AssertUnwindSafe(future)
+                .catch_unwind()
+                .await
+                .map_err(|panic| job_panicked(&shared_for_task, panic));
+            settle.finish(result);
+        });
+        let mut slot = lock(&self.task);
         if self.aborted.load(Ordering::Acquire) {
             task.abort();
         } else {
-            slot.task = Some(task.abort_handle());
+            *slot = Some(task.abort_handle());
         }
     }
 
     fn refuse(&self) {
-        let sender = lock(&self.slot).sender.take();
-        self.discard();
-        if let Some(sender) = sender {
-            let _ = sender.send(Err(JobError::Shutdown));
-        }
+        drop(lock(&self.future).take());
+        self.outcome.set(Err(JobError::Shutdown));
     }
 }
 
-impl<F> JobControl for OneShot<F>
+impl<F> Control for OneShot<F>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    fn cancel(&self) -> (bool, Notice) {
-        let (cancelled, notice) = match self.state.cancel() {
-            Cancelled::BeforeSeen => (true, Notice::Nothing),
-            Cancelled::InWheel => (true, Notice::Cancel),
-            Cancelled::TooLate => (false, Notice::Nothing),
+    fn cancel(&self, wheel: &Wheel) -> bool {
+        let Some((slot, shard)) = self.slot() else {
+            return false;
         };
-        if cancelled {
-            self.discard();
+        if !wheel.shared().pool.get(slot).word.cancel() {
+            return false;
         }
-        (cancelled, notice)
+        drop(lock(&self.future).take());
+        self.outcome.set(Err(JobError::Cancelled));
+        wheel.send(shard, Command::Unfile { slot });
+        true
     }
 
-    fn reschedule(&self, tick: u64, deadline: Instant) -> (bool, Notice) {
-        let moved = self.state.move_to(tick, false);
-        if moved == Moved::Refused {
-            return (false, Notice::Nothing);
+    fn reschedule(&self, wheel: &Wheel, deadline: Instant) -> bool {
+        let Some((slot, shard)) = self.slot() else {
+            return false;
+        };
+        let offset = wheel.shared().clock.offset(deadline);
+        if wheel.shared().pool.get(slot).word.move_to(offset, false) != Moved::Armed {
+            return false;
         }
         *lock(&self.deadline) = deadline;
-        let notice = if moved == Moved::Earlier {
-            Notice::Reschedule
-        } else {
-            Notice::Nothing
-        };
-        (true, notice)
+        if offset < self.filed.fetch_min(offset, Ordering::AcqRel) {
+            wheel.send(
+                shard,
+                Command::Advance {
+                    slot,
+                    deadline: offset,
+                },
+            );
+        }
+        true
     }
 
-    fn abort(&self) -> Notice {
+    fn abort(&self, wheel: &Wheel) {
         self.aborted.store(true, Ordering::Release);
-        let (cancelled, notice) = self.cancel();
-        if !cancelled {
-            if let Some(task) = &lock(&self.slot).task {
+        if !self.cancel(wheel) {
+            if let Some(task) = &*lock(&self.task) {
                 task.abort();
             }
         }
-        notice
     }
 
     fn deadline(&self) -> Instant {
         *lock(&self.deadline)
     }
 
-    fn is_finished(&self) -> bool {
-        self.finished.load(Ordering::Acquire)
+    fn release(&self, wheel: &Wheel) {
+        if let Some((slot, shard)) = self.slot() {
+            // Refused only once the actor has stopped: the slot goes with the pool.
+            let _ = wheel
+                .inner
+                .inbox
+                .send(shard as usize, Command::Release { slot, shard });
+        }
     }
-
-    fn was_cancelled(&self) -> bool {
-        self.aborted.load(Ordering::Acquire) || self.state.state() == State::Cancelled
-    }
-}
-
-async fn run_one_shot<F>(
-    job: Arc<OneShot<F>>,
-    shared: Arc<Shared>,
-    future: F,
-    sender: oneshot::Sender<JobResult<F::Output>>,
-) where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let _finished = SetOnDrop(&job.finished);
-    let result = AssertUnwindSafe(future)
-        .catch_unwind()
-        .await
-        .map_err(|panic| job_panicked(&shared, panic));
-    let _ = sender.send(result);
 }
 
 fn job_panicked(shared: &Shared, panic: Box<dyn Any + Send>) -> JobError {
@@ -392,83 +431,69 @@ fn job_panicked(shared: &Shared, panic: Box<dyn Any + Send>) -> JobError {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-string panic payload".to_owned());
-    shared.stats.job_panics.fetch_add(1, Ordering::Relaxed);
+    shared.counters.job_panics.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(wheel = %shared.name, %message, "job panicked");
     JobError::Panicked(message)
 }
 
-/// Sets a flag when dropped: marks a job finished however its task ends (done or aborted).
-struct SetOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for SetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
-
+/// A periodic job's controls, shared by its handle and its driver task.
 struct Periodic {
     next: Mutex<Instant>,
     cancelled: AtomicBool,
-    aborted: AtomicBool,
-    finished: AtomicBool,
+    aborted: Arc<AtomicBool>,
     wake: Notify,
     task: Mutex<Option<AbortHandle>>,
+    finished: Arc<Outcome<()>>,
 }
 
-impl JobControl for Periodic {
-    fn cancel(&self) -> (bool, Notice) {
-        let stopped = !self.cancelled.swap(true, Ordering::AcqRel) && !self.is_finished();
+impl Control for Periodic {
+    fn cancel(&self, _wheel: &Wheel) -> bool {
+        let stopped = !self.cancelled.swap(true, Ordering::AcqRel) && !self.finished.is_done();
         self.wake.notify_one();
-        (stopped, Notice::Nothing)
+        stopped
     }
 
-    fn reschedule(&self, _tick: u64, deadline: Instant) -> (bool, Notice) {
-        if self.cancelled.load(Ordering::Acquire) || self.is_finished() {
-            return (false, Notice::Nothing);
+    fn reschedule(&self, _wheel: &Wheel, deadline: Instant) -> bool {
+        if self.cancelled.load(Ordering::Acquire) || self.finished.is_done() {
+            return false;
         }
         *lock(&self.next) = deadline;
         self.wake.notify_one();
-        (true, Notice::Nothing)
+        true
     }
 
-    fn abort(&self) -> Notice {
+    fn abort(&self, wheel: &Wheel) {
         self.aborted.store(true, Ordering::Release);
-        self.cancel();
+        self.cancel(wheel);
         if let Some(task) = &*lock(&self.task) {
             task.abort();
         }
-        Notice::Nothing
     }
 
     fn deadline(&self) -> Instant {
         *lock(&self.next)
     }
 
-    fn is_finished(&self) -> bool {
-        self.finished.load(Ordering::Acquire)
-    }
-
-    fn was_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
+    fn release(&self, _wheel: &Wheel) {}
 }
 
+/// Runs a periodic job until it is cancelled or the wheel stops; returns why it stopped.
 async fn drive_periodic<J, F>(
     wheel: Wheel,
     control: Arc<Periodic>,
     period: Duration,
     schedule: Schedule,
     mut job: J,
-    sender: oneshot::Sender<JobResult<()>>,
-) where
+) -> JobError
+where
     J: FnMut() -> F + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
-    let _finished = SetOnDrop(&control.finished);
     let shared = wheel.shared().clone();
-    let outcome = loop {
+    let grace = missed_tick_grace(wheel.tick());
+    loop {
         if control.cancelled.load(Ordering::Acquire) {
-            break JobError::Cancelled;
+            return JobError::Cancelled;
         }
         let due = *lock(&control.next);
         let mut sleep = wheel.sleep_until(due);
@@ -478,12 +503,15 @@ async fn drive_periodic<J, F>(
             woke = poll_fn(|cx| sleep.poll_woke(cx)) => woke,
         };
         if woke == Woke::Shutdown {
-            break JobError::Shutdown;
+            return JobError::Shutdown;
         }
         if control.cancelled.load(Ordering::Acquire) {
-            break JobError::Cancelled;
+            return JobError::Cancelled;
         }
-        shared.stats.periodic_runs.fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters
+            .periodic_runs
+            .fetch_add(1, Ordering::Relaxed);
         let run = std::panic::catch_unwind(AssertUnwindSafe(&mut job));
         let finished = match run {
             Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
@@ -493,19 +521,45 @@ async fn drive_periodic<J, F>(
             job_panicked(&shared, panic);
         }
         let following = match schedule {
-            Schedule::FixedRate => {
-                let now = Instant::now();
-                let missed = now.saturating_duration_since(due).as_nanos() / period.as_nanos();
-                let slots = u32::try_from(missed.saturating_add(1)).unwrap_or(u32::MAX);
-                crate::clock::saturating_add(due, period.saturating_mul(slots))
-            }
-            Schedule::FixedDelay => crate::clock::deadline_after(period),
+            Schedule::FixedRate => next_slot(due, Instant::now(), period, grace),
+            Schedule::FixedDelay => deadline_after(period),
         };
         let mut next = lock(&control.next);
         // Keep a reschedule made during the run.
         if *next == due {
             *next = following;
         }
-    };
-    let _ = sender.send(Err(outcome));
+    }
+}
+
+/// The slot after a run due at `due` ended at `now`: the first `due + k·period` (k ≥ 1) not
+/// missed by more than `grace`. Slots further behind are skipped, so the phase is kept and a
+/// slow job never runs in a burst; a run that ends on a slot (or within the grace after it)
+/// does not skip it.
+fn next_slot(due: Instant, now: Instant, period: Duration, grace: Duration) -> Instant {
+    let behind = now.saturating_duration_since(saturating_add(due, grace));
+    let slots = behind.as_nanos().div_ceil(period.as_nanos()).max(1);
+    saturating_add(
+        due,
+        period.saturating_mul(u32::try_from(slots).unwrap_or(u32::MAX)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn fixed_rate_skips_only_slots_it_missed() {
+        let ms = Duration::from_millis;
+        let due = Instant::now();
+        let period = ms(100);
+        let grace = ms(5);
+        assert_eq!(next_slot(due, due + ms(10), period, grace), due + ms(100));
+        assert_eq!(next_slot(due, due + ms(100), period, grace), due + ms(100));
+        assert_eq!(next_slot(due, due + ms(104), period, grace), due + ms(100));
+        assert_eq!(next_slot(due, due + ms(150), period, grace), due + ms(200));
+        assert_eq!(next_slot(due, due + ms(305), period, grace), due + ms(300));
+        assert_eq!(next_slot(due, due + ms(306), period, grace), due + ms(400));
+    }
 }

@@ -28,10 +28,24 @@
 //! # Costs
 //!
 //! Each [`Wheel::keyed`](crate::Wheel::keyed) set runs its own actor task, so sets never
-//! contend with each other or with sleeps. Every operation is one message to that actor;
-//! `take`, `drain` and `len` also wait for its answer. Expirations are buffered without bound:
-//! a slow or absent reader never stalls the wheel, and each unread expiration costs its key,
-//! value and deadline in memory (see [`Stats::expirations_backlog`](crate::Stats)).
+//! contend with each other or with sleeps. Every operation is one queued command (one lock
+//! and a push; no allocation); `take`, `drain` and `len` also wait for the actor's answer.
+//! The actor keeps each entry once — key, value and deadline in a table, found through a hash
+//! table of 4-byte ids — plus a 20-byte wheel position: about 30 bytes besides the key and
+//! value. Moving a key's deadline later costs the actor one table write; the entry is filed
+//! again only when its old tick comes.
+//!
+//! Expirations are buffered without bound: a slow or absent reader never stalls the wheel,
+//! and each unread expiration costs its key, value and deadline (plus the channel's slot) in
+//! memory (see [`Stats::expirations_backlog`](crate::Stats)).
+//!
+//! # Shutdown
+//!
+//! Every command made before [`Wheel::shutdown`](crate::Wheel::shutdown) is called, or before
+//! the runtime running the actor goes away, is applied before the entries are flushed: each
+//! entry set and not removed is delivered exactly once, marked
+//! [`is_shutdown`](Expired::is_shutdown); a removed one never is. After that, `set` is refused
+//! silently and `take`, `drain` and `len` answer empty.
 
 use std::fmt;
 use std::hash::Hash;
@@ -45,17 +59,12 @@ use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::actor::Actor;
 use crate::actor::inbox::Inbox;
-use crate::actor::timers::RETAINED_ENTRIES;
-use crate::actor::{Actor, Machine};
-use crate::clock::deadline_after;
-use crate::handle::{Shared, Wheel};
-use crate::stats::Delta;
-use crate::wheel::{Key, TimerWheel};
-
-/// The actor's key index. foldhash: several times cheaper than SipHash on every command, and
-/// still randomly seeded per map, so keys chosen by clients cannot be aimed at one bucket.
-type Index<K> = std::collections::HashMap<K, Key, foldhash::fast::RandomState>;
+use crate::actor::keyed::{Expiry, KeyedCommand, KeyedMachine};
+use crate::handle::Wheel;
+use crate::timer::clock::deadline_after;
+use crate::timer::shared::Shared;
 
 pub(crate) fn new<K, V>(wheel: Wheel) -> (Timers<K, V>, Expirations<K, V>)
 where
@@ -63,18 +72,14 @@ where
     V: Send + 'static,
 {
     let shared = wheel.shared().clone();
-    let inbox = Arc::new(Inbox::new());
+    // One shard: commands from every handle apply in the order they were made.
+    let inbox = Arc::new(Inbox::new(1));
     let (expired_sender, expired) = mpsc::unbounded_channel();
     if shared.is_closed() {
         // A set made after shutdown gets no actor: calls answer empty, the stream ends at once.
-        inbox.stop();
+        inbox.stop(&mut Default::default());
     } else {
-        let machine = KeyedMachine {
-            wheel: TimerWheel::new(&shared.levels)
-                .expect("layout validated when the wheel was built"),
-            index: Index::default(),
-            expirations: expired_sender,
-        };
+        let machine = KeyedMachine::new(&shared.levels, shared.clock, expired_sender);
         Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
     }
     (
@@ -133,8 +138,12 @@ where
     fn send(&self, command: KeyedCommand<K, V>) {
         if !self.wheel.is_shutdown() {
             // A send fails only once the set's actor has stopped: refused, as documented.
-            let _ = self.sender.0.send(command);
+            let _ = self.sender.0.send(0, command);
         }
+    }
+
+    fn offset(&self, deadline: Instant) -> i64 {
+        self.wheel.shared().clock.signed_offset(deadline)
     }
 
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
@@ -146,7 +155,12 @@ where
     /// Inserts `key` with `value`, expiring at `deadline`; replaces the value and deadline if
     /// the key is already set.
     pub fn set_at(&self, key: K, value: V, deadline: Instant) {
-        self.send(KeyedCommand::Set(key, value, deadline));
+        let deadline = self.offset(deadline);
+        self.send(KeyedCommand::Set {
+            key,
+            value,
+            deadline,
+        });
     }
 
     /// Moves `key`'s expiry to `after` from now, earlier or later. No-op if absent.
@@ -156,7 +170,11 @@ where
 
     /// Moves `key`'s expiry to `deadline`, earlier or later. No-op if absent.
     pub fn reset_at(&self, key: &K, deadline: Instant) {
-        self.send(KeyedCommand::Reset(key.clone(), deadline));
+        let deadline = self.offset(deadline);
+        self.send(KeyedCommand::Reset {
+            key: key.clone(),
+            deadline,
+        });
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
@@ -219,7 +237,7 @@ impl<K, V> Expired<K, V> {
         &self.value
     }
 
-    /// The deadline it was set to.
+    /// The deadline it was set to (saturating 73 years after the wheel was built).
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -242,7 +260,7 @@ impl<K, V> Expired<K, V> {
 /// flushed by it, marked [`Expired::is_shutdown`], are read). Dropping it is allowed: the
 /// timers keep working and their expirations are discarded.
 pub struct Expirations<K, V> {
-    receiver: mpsc::UnboundedReceiver<Expired<K, V>>,
+    receiver: mpsc::UnboundedReceiver<Expiry<K, V>>,
     shared: Arc<Shared>,
 }
 
@@ -259,13 +277,19 @@ impl<K, V> Stream for Expirations<K, V> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Expired<K, V>>> {
         let polled = self.receiver.poll_recv(cx);
-        if let Poll::Ready(Some(_)) = polled {
-            self.shared
-                .stats
-                .expirations_backlog
-                .fetch_sub(1, Ordering::Relaxed);
-        }
-        polled
+        let Poll::Ready(Some(expiry)) = polled else {
+            return polled.map(|_| None);
+        };
+        self.shared
+            .counters
+            .expirations_backlog
+            .fetch_sub(1, Ordering::Relaxed);
+        Poll::Ready(Some(Expired {
+            key: expiry.key,
+            value: expiry.value,
+            deadline: self.shared.clock.instant_at(expiry.deadline),
+            shutdown: expiry.shutdown,
+        }))
     }
 }
 
@@ -274,161 +298,8 @@ impl<K, V> Drop for Expirations<K, V> {
         self.receiver.close();
         let unread = std::iter::from_fn(|| self.receiver.try_recv().ok()).count();
         self.shared
-            .stats
+            .counters
             .expirations_backlog
             .fetch_sub(unread as u64, Ordering::Relaxed);
-    }
-}
-
-enum KeyedCommand<K, V> {
-    Set(K, V, Instant),
-    Reset(K, Instant),
-    Remove(K),
-    Take(K, oneshot::Sender<Option<V>>),
-    Drain(oneshot::Sender<Vec<(K, V)>>),
-    Len(oneshot::Sender<usize>),
-}
-
-struct Entry<K, V> {
-    key: K,
-    value: V,
-    deadline: Instant,
-}
-
-struct KeyedMachine<K, V> {
-    wheel: TimerWheel<Entry<K, V>>,
-    /// The wheel key of each set key. Only the live entry of a key is ever indexed: a replaced
-    /// entry leaves the wheel before its successor is filed, so a stale expiry cannot remove
-    /// the newer entry's index.
-    index: Index<K>,
-    expirations: mpsc::UnboundedSender<Expired<K, V>>,
-}
-
-impl<K, V> KeyedMachine<K, V>
-where
-    K: Eq + Hash + Clone + Send + 'static,
-    V: Send + 'static,
-{
-    fn remove(&mut self, key: &K, delta: &mut Delta) -> Option<V> {
-        let filed = self.index.remove(key)?;
-        delta.cancelled += 1;
-        self.wheel.remove(filed).map(|entry| entry.value)
-    }
-
-    fn deliver(&self, entry: Entry<K, V>, shutdown: bool, shared: &Shared) {
-        let Entry {
-            key,
-            value,
-            deadline,
-        } = entry;
-        let expired = Expired {
-            key,
-            value,
-            deadline,
-            shutdown,
-        };
-        if self.expirations.send(expired).is_ok() {
-            shared
-                .stats
-                .expirations_backlog
-                .fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-impl<K, V> Machine for KeyedMachine<K, V>
-where
-    K: Eq + Hash + Clone + Send + 'static,
-    V: Send + 'static,
-{
-    type Command = KeyedCommand<K, V>;
-    type Item = Entry<K, V>;
-
-    fn apply(&mut self, command: KeyedCommand<K, V>, shared: &Arc<Shared>, delta: &mut Delta) {
-        match command {
-            KeyedCommand::Set(key, value, deadline) => {
-                self.remove(&key, delta);
-                delta.inserted += 1;
-                let tick = shared.clock.deadline_tick(deadline);
-                let entry = Entry {
-                    key: key.clone(),
-                    value,
-                    deadline,
-                };
-                let filed = self.wheel.insert(tick, entry);
-                self.index.insert(key, filed);
-            }
-            KeyedCommand::Reset(key, deadline) => {
-                let Some(&filed) = self.index.get(&key) else {
-                    return;
-                };
-                if let Some(entry) = self.wheel.get_mut(filed) {
-                    entry.deadline = deadline;
-                }
-                self.wheel
-                    .reschedule(filed, shared.clock.deadline_tick(deadline));
-                delta.rescheduled += 1;
-            }
-            KeyedCommand::Remove(key) => {
-                self.remove(&key, delta);
-            }
-            KeyedCommand::Take(key, reply) => {
-                let _ = reply.send(self.remove(&key, delta));
-            }
-            KeyedCommand::Drain(reply) => {
-                self.index.clear();
-                let drained: Vec<(K, V)> = self
-                    .wheel
-                    .drain()
-                    .map(|(_, entry)| (entry.key, entry.value))
-                    .collect();
-                delta.cancelled += drained.len() as u64;
-                let _ = reply.send(drained);
-            }
-            KeyedCommand::Len(reply) => {
-                let _ = reply.send(self.index.len());
-            }
-        }
-    }
-
-    fn fire(&mut self, now: u64, budget: usize, shared: &Arc<Shared>, delta: &mut Delta) -> usize {
-        let mut fired = 0;
-        let mut read_at: Option<Instant> = None;
-        while fired < budget {
-            let Some(expired) = self.wheel.poll_expired(now) else {
-                break;
-            };
-            fired += 1;
-            let now = *read_at.get_or_insert_with(Instant::now);
-            delta.record_fire(shared.clock.instant_of(expired.deadline), now);
-            let indexed = self.index.remove(&expired.item.key);
-            debug_assert!(indexed.is_some(), "a fired entry was not indexed");
-            self.deliver(expired.item, false, shared);
-        }
-        fired
-    }
-
-    fn wheel(&self) -> &TimerWheel<Entry<K, V>> {
-        &self.wheel
-    }
-
-    fn turn_done(&mut self) {
-        if self.index.is_empty() && self.index.capacity() > RETAINED_ENTRIES {
-            self.index = Index::default();
-        }
-        self.wheel.shrink_if_empty(RETAINED_ENTRIES);
-    }
-
-    fn refuse(&mut self, _command: KeyedCommand<K, V>) {
-        // Dropping a refused command drops its reply sender: the caller answers empty.
-    }
-
-    fn shut_down(&mut self, shared: &Arc<Shared>, delta: &mut Delta) {
-        self.index.clear();
-        let entries: Vec<Entry<K, V>> = self.wheel.drain().map(|(_, entry)| entry).collect();
-        delta.cancelled += entries.len() as u64;
-        for entry in entries {
-            self.deliver(entry, true, shared);
-        }
     }
 }

@@ -51,11 +51,13 @@
 //!
 //! # Cost model
 //!
-//! Registering a timer is one small allocation (its shared state) and one unbounded-channel
-//! message; the actor applies messages in batches. Postponing a `Sleep` is one atomic
-//! compare-and-swap with no message; cancelling one the actor has not yet seen needs no
-//! message either. The command queue is unbounded: producers never wait, and the actor drains
-//! it in batches of 1024 ([`Stats::commands`] counts what it applied).
+//! Registering a timer takes a 32-byte slot from the wheel's pool (no allocation once the pool
+//! has grown) and queues one command, under one uncontended lock of the calling thread's inbox
+//! shard; the actor applies commands in batches on its own task. Postponing a `Sleep` is one
+//! atomic compare-and-swap with no command; cancelling one queues one. The command queue is
+//! unbounded: producers never wait; the actor applies what it takes in time-bounded slices,
+//! firing due timers and yielding to the runtime between them ([`Stats::commands`] counts what
+//! it applied).
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -66,7 +68,6 @@
 
 mod actor;
 mod builder;
-mod clock;
 #[cfg(feature = "durable")]
 pub mod durable;
 mod error;
@@ -75,9 +76,9 @@ mod interval;
 mod job;
 pub mod keyed;
 mod sleep;
-mod state;
 mod stats;
 mod timeout;
+mod timer;
 pub mod wheel;
 
 pub use builder::Builder;

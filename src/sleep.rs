@@ -16,22 +16,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use futures::task::AtomicWaker;
 use tokio::time::Instant;
 
-use crate::actor::timers::{Command, Timer};
+use crate::actor::timers::Command;
 use crate::handle::Wheel;
-use crate::state::{Cancelled, Moved, State, TimerState};
-
-/// What a sleep's handle and the actor share.
-#[derive(Debug)]
-pub(crate) struct SleepShared {
-    pub(crate) state: TimerState,
-    pub(crate) waker: AtomicWaker,
-}
+use crate::timer::clock::saturating_add;
+use crate::timer::state::{Moved, State};
 
 /// How a sleep ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,16 +35,23 @@ pub(crate) enum Woke {
     Shutdown,
 }
 
+/// No pool slot yet: the sleep registers on its first poll.
+const UNARMED: u32 = u32::MAX;
+
 /// A future that completes at its deadline; made by [`Wheel::sleep`] and
 /// [`Wheel::sleep_until`].
 ///
 /// - It never completes before its deadline, and at most one tick (plus scheduling latency)
-///   after it. A deadline at or before now completes on the first poll without touching the
-///   actor.
+///   after it.
+/// - Polled at or after its deadline, it is ready on that poll, whether or not the wheel has
+///   fired it yet: a deadline already passed completes on the first poll without touching the
+///   actor, and under paused time `tokio::time::advance(d)` followed by a poll completes every
+///   sleep due by then.
 /// - The timer is registered on the first poll; dropping the future cancels it, and the actor
-///   reclaims its memory at once.
+///   reclaims its slot at once.
 /// - `Duration::MAX` and far-future instants saturate (about 30 years ahead): no panic, no
-///   overflow, never early.
+///   overflow, never early; a deadline past the wheel's range (73 years after it was built)
+///   never fires.
 /// - If the wheel shuts down first, the sleep completes at once.
 ///
 /// Unlike tokio's `Sleep`, this one is [`Unpin`]: it can be stored and polled without pinning,
@@ -59,17 +59,26 @@ pub(crate) enum Woke {
 ///
 /// # Cost
 ///
-/// One allocation (the state shared with the actor, ~64 bytes) and one channel message when
-/// first polled; moving the deadline *later* is a single atomic compare-and-swap with no
-/// message, moving it earlier sends one.
+/// 48 bytes for the future itself; registering takes a 32-byte slot from the wheel's pool (no
+/// allocation once the pool has grown) and queues one command. Moving the deadline *later* is
+/// a single atomic compare-and-swap with no message; moving it earlier queues one. Each poll
+/// before the timer fires reads the clock once, to honour the deadline exactly.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Sleep {
     wheel: Wheel,
     deadline: Instant,
-    timer: Option<Arc<SleepShared>>,
-    /// Set when the sleep completed without a registered timer.
+    /// The pool slot once registered, else [`UNARMED`].
+    slot: u32,
+    /// The inbox shard the slot came from (all its commands go there, in order).
+    shard: u8,
+    /// Set when the sleep completed.
     woke: Option<Woke>,
+    /// Where the last command that filed the slot went in the shard's queue: dropped before
+    /// the actor takes it, the sleep withdraws it and the actor never sees the timer.
+    position: u32,
+    /// The deadline offset the actor was last told.
+    filed: u64,
 }
 
 impl Sleep {
@@ -77,8 +86,11 @@ impl Sleep {
         Sleep {
             wheel,
             deadline,
-            timer: None,
+            slot: UNARMED,
+            shard: 0,
             woke: None,
+            position: 0,
+            filed: 0,
         }
     }
 
@@ -87,21 +99,24 @@ impl Sleep {
         self.deadline
     }
 
-    pub(crate) fn wheel_tick(&self) -> std::time::Duration {
-        self.wheel.tick()
+    pub(crate) fn wheel(&self) -> &Wheel {
+        &self.wheel
     }
 
-    /// Whether the sleep has completed (its deadline passed, or the wheel shut down).
+    /// Whether the sleep has completed: its deadline passed, or the wheel shut down.
     pub fn is_elapsed(&self) -> bool {
         self.woke.is_some()
-            || self
-                .timer
-                .as_ref()
-                .is_some_and(|timer| matches!(timer.state.state(), State::Fired | State::Shutdown))
+            || (self.slot != UNARMED && matches!(self.state(), State::Fired | State::Shutdown))
+            || self.deadline <= Instant::now()
+    }
+
+    fn state(&self) -> State {
+        self.wheel.shared().pool.get(self.slot).word.state()
     }
 
     /// Moves the deadline, earlier or later, before or after completion: the sleep then
-    /// completes at the new deadline, even if the old one fired concurrently.
+    /// completes at the new deadline, even if the old one fired concurrently. A deadline at or
+    /// before now completes on the next poll.
     ///
     /// ```
     /// use std::pin::Pin;
@@ -123,24 +138,37 @@ impl Sleep {
         let this = self.get_mut();
         this.deadline = deadline;
         this.woke = None;
-        let Some(timer) = &this.timer else {
+        if this.slot == UNARMED {
             return;
-        };
-        let tick = this.wheel.shared().clock.deadline_tick(deadline);
-        match timer.state.move_to(tick, true) {
-            Moved::Quietly | Moved::Refused => {}
-            Moved::Earlier => {
-                this.wheel
-                    .send(Command::Reschedule(Timer::Sleep(timer.clone())));
-            }
-            Moved::Rearmed => {
-                if !this
-                    .wheel
-                    .send(Command::Insert(Timer::Sleep(timer.clone())))
-                {
-                    this.woke = Some(Woke::Shutdown);
+        }
+        let shared = this.wheel.shared();
+        let offset = shared.clock.offset(deadline);
+        let slot = this.slot;
+        match shared.pool.get(slot).word.move_to(offset, true) {
+            Moved::Armed => {
+                if offset < this.filed {
+                    this.filed = offset;
+                    let shard = u32::from(this.shard);
+                    let advance = Command::Advance {
+                        slot,
+                        deadline: offset,
+                    };
+                    this.wheel.send(shard, advance);
                 }
             }
+            Moved::Rearmed => {
+                this.filed = offset;
+                let shard = u32::from(this.shard);
+                let insert = Command::Insert {
+                    slot,
+                    deadline: offset,
+                };
+                match this.wheel.send(shard, insert) {
+                    Some(position) => this.position = position,
+                    None => this.woke = Some(Woke::Shutdown),
+                }
+            }
+            Moved::Refused => this.woke = Some(Woke::Shutdown),
         }
     }
 
@@ -149,44 +177,63 @@ impl Sleep {
         if let Some(woke) = self.woke {
             return Poll::Ready(woke);
         }
-        let Some(timer) = &self.timer else {
-            return self.register(cx);
-        };
+        if self.slot == UNARMED {
+            let now = Instant::now();
+            return self.register(cx, now);
+        }
         let woke = |state| match state {
+            State::Armed => None,
             State::Fired => Some(Woke::Elapsed),
-            State::Shutdown => Some(Woke::Shutdown),
-            _ => None,
+            _ => Some(Woke::Shutdown),
         };
-        if let Some(woke) = woke(timer.state.state()) {
+        let slot = self.wheel.shared().pool.get(self.slot);
+        let mut outcome = woke(slot.word.state());
+        if outcome.is_none() && self.deadline <= Instant::now() {
+            // Due, whether or not the actor has got to it: complete it here, so the actor
+            // does not wake this task again.
+            slot.word.complete();
+            outcome = Some(Woke::Elapsed);
+        }
+        if outcome.is_none() {
+            slot.waker.register(cx.waker());
+            // The actor may have fired between the check and the registration.
+            outcome = woke(slot.word.state());
+        }
+        if let Some(woke) = outcome {
+            self.woke = Some(woke);
             return Poll::Ready(woke);
         }
-        timer.waker.register(cx.waker());
-        // The actor may have fired between the check and the registration.
-        match woke(timer.state.state()) {
-            Some(woke) => Poll::Ready(woke),
-            None => Poll::Pending,
-        }
+        Poll::Pending
     }
 
-    fn register(&mut self, cx: &mut Context<'_>) -> Poll<Woke> {
-        if self.deadline <= Instant::now() {
+    /// The first poll of a sleep whose deadline counts from now (a timeout's): one clock read
+    /// fixes the deadline and decides readiness.
+    pub(crate) fn poll_from_now(&mut self, duration: Duration, cx: &mut Context<'_>) -> Poll<Woke> {
+        let now = Instant::now();
+        self.deadline = saturating_add(now, duration);
+        self.register(cx, now)
+    }
+
+    fn register(&mut self, cx: &mut Context<'_>, now: Instant) -> Poll<Woke> {
+        if self.deadline <= now {
             self.woke = Some(Woke::Elapsed);
             return Poll::Ready(Woke::Elapsed);
         }
-        let tick = self.wheel.shared().clock.deadline_tick(self.deadline);
-        let timer = Arc::new(SleepShared {
-            state: TimerState::pending(tick),
-            waker: AtomicWaker::new(),
-        });
-        timer.waker.register(cx.waker());
-        if !self
+        let offset = self.wheel.shared().clock.offset(self.deadline);
+        let filed = self
             .wheel
-            .send(Command::Insert(Timer::Sleep(timer.clone())))
-        {
+            .file_timer(offset, Some(cx.waker()), |slot| Command::Insert {
+                slot,
+                deadline: offset,
+            });
+        let Some(filed) = filed else {
             self.woke = Some(Woke::Shutdown);
             return Poll::Ready(Woke::Shutdown);
-        }
-        self.timer = Some(timer);
+        };
+        self.slot = filed.slot;
+        self.shard = filed.shard as u8;
+        self.position = filed.position;
+        self.filed = offset;
         Poll::Pending
     }
 }
@@ -201,10 +248,25 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(timer) = self.timer.take() {
-            if timer.state.cancel() == Cancelled::InWheel {
-                self.wheel.send(Command::Cancel(Timer::Sleep(timer)));
-            }
+        if self.slot == UNARMED {
+            return;
         }
+        let slot = self.wheel.shared().pool.get(self.slot);
+        slot.word.cancel();
+        // Do not keep the task alive through a waker nobody will use.
+        drop(slot.waker.take());
+        let inbox = &self.wheel.inner.inbox;
+        let (index, shard) = (self.slot, usize::from(self.shard));
+        let is_insert =
+            |command: &Command| matches!(command, Command::Insert { slot, .. } if *slot == index);
+        if inbox.withdraw(shard, self.position, is_insert, Command::Withdrawn, index) {
+            return;
+        }
+        let release = Command::Release {
+            slot: index,
+            shard: shard as u32,
+        };
+        // Refused only once the actor has stopped: the slot goes with the pool.
+        let _ = inbox.send(shard, release);
     }
 }

@@ -17,10 +17,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 
 use crate::error::Elapsed;
+use crate::handle::Wheel;
 use crate::sleep::{Sleep, Woke};
 
 pin_project! {
@@ -28,8 +31,15 @@ pin_project! {
     /// [`Wheel::timeout_at`].
     ///
     /// The inner future is polled first, so a future that is already ready completes without
-    /// registering any timer. Output: `Ok(value)`, or `Err(Elapsed)` once the deadline passes
-    /// (or the wheel shuts down: see [`Elapsed::is_shutdown`]). Dropping it cancels the timer.
+    /// reading the clock or registering any timer. Output: `Ok(value)`, or `Err(Elapsed)` once
+    /// the deadline passes (or the wheel shuts down: see [`Elapsed::is_shutdown`]). Polled at
+    /// or after its deadline with the inner future still pending, it is `Err` on that poll.
+    /// Dropping it cancels the timer.
+    ///
+    /// With [`Wheel::timeout`], the duration counts from the first poll that finds the inner
+    /// future pending (as pingora's `fast_timeout` does); awaited where it is made, as usual,
+    /// that is what tokio's `timeout` does too. [`Wheel::timeout_at`] fixes the deadline when
+    /// it is made.
     ///
     /// [`Wheel::timeout`]: crate::Wheel::timeout
     /// [`Wheel::timeout_at`]: crate::Wheel::timeout_at
@@ -39,12 +49,31 @@ pin_project! {
         #[pin]
         future: F,
         sleep: Sleep,
+        // Until the first pending poll: how long the timeout lasts from then.
+        after: Option<Duration>,
     }
 }
 
 impl<F> Timeout<F> {
-    pub(crate) fn new(future: F, sleep: Sleep) -> Timeout<F> {
-        Timeout { future, sleep }
+    /// A timeout of `duration` counted from the first pending poll.
+    pub(crate) fn after(wheel: Wheel, duration: Duration, future: F) -> Timeout<F> {
+        // A placeholder that costs no clock read; replaced before the timer is armed.
+        let origin = wheel.shared().clock.instant(0);
+        let sleep = Sleep::new(wheel, origin);
+        Timeout {
+            future,
+            sleep,
+            after: Some(duration),
+        }
+    }
+
+    /// A timeout at a fixed deadline.
+    pub(crate) fn at(sleep: Sleep, future: F) -> Timeout<F> {
+        Timeout {
+            future,
+            sleep,
+            after: None,
+        }
     }
 
     /// The inner future.
@@ -62,9 +91,11 @@ impl<F> Timeout<F> {
         self.future
     }
 
-    /// The deadline.
-    pub fn deadline(&self) -> tokio::time::Instant {
-        self.sleep.deadline()
+    /// The deadline, once fixed: always for [`Wheel::timeout_at`](crate::Wheel::timeout_at),
+    /// and from the first poll that found the inner future pending for
+    /// [`Wheel::timeout`](crate::Wheel::timeout).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.after.is_none().then(|| self.sleep.deadline())
     }
 }
 
@@ -76,8 +107,10 @@ impl<F: Future> Future for Timeout<F> {
         if let Poll::Ready(value) = this.future.poll(cx) {
             return Poll::Ready(Ok(value));
         }
-        this.sleep
-            .poll_woke(cx)
-            .map(|woke| Err(Elapsed::new(woke == Woke::Shutdown)))
+        let woke = match this.after.take() {
+            Some(duration) => this.sleep.poll_from_now(duration, cx),
+            None => this.sleep.poll_woke(cx),
+        };
+        woke.map(|woke| Err(Elapsed::new(woke == Woke::Shutdown)))
     }
 }

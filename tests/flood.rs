@@ -2,7 +2,8 @@
 //! actor keeps firing on time meanwhile, and memory returns to its baseline afterwards.
 //!
 //! Backpressure is a documented choice: the command queue is unbounded, so producers never
-//! wait; the actor drains it in slices of 1024 and fires due timers between slices.
+//! wait; the actor applies what it takes in time-bounded stretches and fires due timers (and
+//! yields) between them.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::pin::Pin;
@@ -43,8 +44,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Registrations in the flood, each one command to the actor (each is also dropped at once:
-/// a cancel the actor has not yet seen needs no command). `FLOOD_COMMANDS` overrides.
+/// Registrations in the flood, each one command to the actor (each is also dropped at once: a
+/// sleep dropped before the actor took its command withdraws it, so the actor never files it).
+/// `FLOOD_COMMANDS` overrides.
 fn flood_commands() -> usize {
     std::env::var("FLOOD_COMMANDS")
         .ok()
@@ -116,11 +118,9 @@ fn a_flood_loses_nothing_keeps_firing_and_gives_memory_back() {
         wheel.flush().await;
         let s = wheel.stats();
         let timers = (per_task * PRODUCERS) as u64;
-        // Every flood timer reached the actor and was cancelled or kept; everything else the
-        // actor saw is the heartbeat's, which fired (its last, dropped tick is cancelled).
+        // Every kept timer is pending; every other flood timer was withdrawn or cancelled; the
+        // heartbeat's fired. Each registration queued one command.
         assert_eq!(s.pending, kept.len() as u64, "{s:?}");
-        let flood_seen = s.cancelled + s.pending;
-        assert!(flood_seen == timers || flood_seen == timers + 1, "lost registrations: {s:?}");
         assert_eq!(s.inserted, s.fired + s.cancelled + s.pending, "{s:?}");
         assert!(s.commands >= timers, "{s:?}");
         // The actor's own lateness (fire time against deadline) must stay small; the heartbeat

@@ -133,9 +133,11 @@ fn a_sleep_dropped_as_it_fires_is_counted_once() {
         wheel.flush().await;
         tokio::time::sleep(Duration::from_millis(5)).await;
         wheel.flush().await;
+        // A sleep dropped before the actor took its command withdrew it and is never counted;
+        // every other one is counted exactly once, fired or cancelled.
         let s = wheel.stats();
-        assert_eq!(s.inserted, 200);
-        assert_eq!(s.fired + s.cancelled, 200, "{s:?}");
+        assert!(s.inserted <= 200, "{s:?}");
+        assert_eq!(s.fired + s.cancelled, s.inserted, "{s:?}");
         assert_eq!(s.pending, 0);
     });
 }

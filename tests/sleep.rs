@@ -106,7 +106,7 @@ async fn dropping_a_sleep_cancels_and_reclaims_its_timer() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn dropping_before_the_actor_sees_it_still_cancels() {
+async fn dropping_before_the_actor_takes_it_withdraws_it() {
     let wheel = Wheel::new();
     for _ in 0..100 {
         let mut sleep = wheel.sleep(Duration::from_secs(60));
@@ -114,10 +114,11 @@ async fn dropping_before_the_actor_sees_it_still_cancels() {
     }
     settle().await;
     let stats = wheel.stats();
-    assert_eq!(
-        (stats.inserted, stats.cancelled, stats.pending),
-        (100, 100, 0)
-    );
+    // Each registration queued a command, but the actor never filed a withdrawn timer.
+    assert_eq!(stats.commands, 100);
+    assert_eq!((stats.inserted, stats.cancelled, stats.pending), (0, 0, 0));
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(wheel.stats().fired, 0, "a withdrawn timer never fires");
 }
 
 #[tokio::test(start_paused = true)]

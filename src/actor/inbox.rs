@@ -1,95 +1,264 @@
 //! The command queue from handles to an actor.
 //!
-//! A mutex-guarded `Vec` that the actor swaps out whole, rather than a channel: a send is one
-//! uncontended lock and a push (two atomic operations, no per-message allocation), the actor
-//! takes every queued command with one swap, and it is woken only by the send that finds the
-//! queue empty — while it is busy, senders never touch its waker. Measured against tokio's
-//! unbounded channel this roughly halves the cost of a command (see BENCHMARKS.md).
+//! Per-thread shards, each a mutex-guarded `VecDeque` that the actor swaps out whole, rather
+//! than a channel: a send is one uncontended lock and a push (no per-message allocation), the
+//! actor takes every queued command with one swap per shard, and it is woken only by the send
+//! that finds a shard empty — while it is busy, senders never touch its waker. A thread always
+//! sends to the same shard, so producers on different threads do not contend, and a shard's
+//! lock and buffers stay in its thread's cache.
+//!
+//! The timer actor's shards also keep free lists of timer-pool slots: registering a timer takes
+//! a slot and queues its command under the one lock, and the actor gives released slots back to
+//! the shard that released them.
+//!
+//! Order: commands sent to one shard apply in the order they were sent. A handle that needs
+//! its commands ordered sends them all to one shard (a timer remembers its shard; a keyed set
+//! has a single shard). [`Inbox::take_all`] takes the shards one after another, so a command
+//! sent to another shard just before may wait for the next turn: barriers
+//! ([`Wheel::flush`](crate::Wheel::flush)) take everything once more before answering.
 //!
 //! The queue is unbounded by design: a timer call never blocks or fails because the actor is
-//! busy. Its backlog is bounded by what callers send between two actor turns; the actor
-//! drains it in slices so a flood cannot starve firing (see `actor::run`).
+//! busy. The actor applies what it takes in slices, bounded in time, firing and yielding to
+//! the runtime in between (see `actor::run`).
 
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-/// Retained capacity above which the actor's spare buffer is shrunk after a flood.
-const RETAINED_CAPACITY: usize = 64 * 1024;
+use crate::timer::pool::{Pool, Slot};
 
-pub(crate) struct Inbox<C> {
-    state: Mutex<State<C>>,
-    wake: Notify,
-}
+/// Command capacity a shard keeps after a flood; more is given back once the actor is idle.
+const RETAINED_COMMANDS: usize = 4 * 1024;
 
-struct State<C> {
-    commands: Vec<C>,
-    /// Every handle that can send is gone.
-    senders_gone: bool,
+/// Keeps each shard on its own cache lines.
+#[repr(align(128))]
+#[derive(Debug)]
+struct Padded<T>(T);
+
+#[derive(Debug)]
+struct Shard<C> {
+    commands: VecDeque<C>,
+    /// Pool slots this shard may hand out.
+    free: Vec<u32>,
+    /// Slots handed out and given back, for the pool's live count.
+    taken: u64,
+    returned: u64,
     /// The actor stopped: sends are refused.
     stopped: bool,
 }
 
-/// What [`Inbox::take`] found besides the commands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Senders {
-    Open,
-    Gone,
+/// The command queue of one actor.
+#[derive(Debug)]
+pub(crate) struct Inbox<C> {
+    shards: Box<[Padded<Mutex<Shard<C>>>]>,
+    wake: Notify,
+    /// Every handle that can send is gone.
+    senders_gone: AtomicBool,
+}
+
+/// A number per thread, spreading threads over shards.
+fn thread_seed() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SEED: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    SEED.with(|seed| {
+        if seed.get() == usize::MAX {
+            seed.set(NEXT.fetch_add(1, Ordering::Relaxed));
+        }
+        seed.get()
+    })
 }
 
 impl<C> Inbox<C> {
-    pub(crate) fn new() -> Self {
+    /// An inbox with `shards` shards (at least one).
+    pub(crate) fn new(shards: usize) -> Self {
+        let shards = (0..shards.max(1))
+            .map(|_| {
+                Padded(Mutex::new(Shard {
+                    commands: VecDeque::new(),
+                    free: Vec::new(),
+                    taken: 0,
+                    returned: 0,
+                    stopped: false,
+                }))
+            })
+            .collect();
         Inbox {
-            state: Mutex::new(State {
-                commands: Vec::new(),
-                senders_gone: false,
-                stopped: false,
-            }),
+            shards,
             wake: Notify::new(),
+            senders_gone: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<C>> {
-        // No code panics while holding this lock; recover the data if it ever happens.
-        self.state
+    /// How many shards suit a runtime: a few per core, so threads rarely share one.
+    pub(crate) fn shards_for_this_machine() -> usize {
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        (cores * 2).next_power_of_two().min(64)
+    }
+
+    /// The shard the current thread sends to.
+    pub(crate) fn shard_for_thread(&self) -> usize {
+        thread_seed() % self.shards.len()
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard<C>> {
+        // No code panics while holding these locks; recover the data if it ever happens.
+        self.shards[shard]
+            .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Queues a command; gives it back if the actor has stopped.
-    pub(crate) fn send(&self, command: C) -> Result<(), C> {
-        let mut state = self.lock();
+    /// Queues a command; gives it back if the actor has stopped. Returns where in the shard's
+    /// queue it went (see [`withdraw`](Self::withdraw)).
+    pub(crate) fn send(&self, shard: usize, command: C) -> Result<u32, C> {
+        let mut state = self.lock(shard);
         if state.stopped {
             return Err(command);
         }
-        let was_empty = state.commands.is_empty();
-        state.commands.push(command);
+        let position = state.commands.len() as u32;
+        let was_empty = position == 0;
+        state.commands.push_back(command);
         drop(state);
         if was_empty {
             self.wake.notify_one();
         }
-        Ok(())
+        Ok(position)
+    }
+
+    /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or
+    /// `send_with_slot` returned) with `replacement`, if `is_it` recognises it, and gives
+    /// `slot` straight back to the shard's free list: the actor never sees the timer at all.
+    /// `false` if the actor has taken the command already.
+    ///
+    /// Positions are stable until the actor takes the shard (it only ever takes a whole
+    /// queue), and `is_it` checks that the command there is still the caller's own.
+    pub(crate) fn withdraw(
+        &self,
+        shard: usize,
+        position: u32,
+        is_it: impl FnOnce(&C) -> bool,
+        replacement: C,
+        slot: u32,
+    ) -> bool {
+        let mut state = self.lock(shard);
+        let state = &mut *state;
+        match state.commands.get_mut(position as usize) {
+            Some(command) if !state.stopped && is_it(command) => {
+                *command = replacement;
+                state.free.push(slot);
+                state.returned += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes a free pool slot, lets `make` set it up and build the command that files it, and
+    /// queues that command, all under the shard's lock. Returns the slot and the command's
+    /// position in the queue, or `None` if the actor has stopped (or, in theory, every slot
+    /// index is taken).
+    pub(crate) fn send_with_slot(
+        &self,
+        shard: usize,
+        pool: &Pool,
+        make: impl FnOnce(u32, &Slot) -> C,
+    ) -> Option<(u32, u32)> {
+        let mut state = self.lock(shard);
+        if state.stopped {
+            return None;
+        }
+        let index = match state.free.pop() {
+            Some(index) => index,
+            None => {
+                let fresh = pool.grow()?;
+                // Lowest indices first: they keep the actor's tables dense.
+                state.free.extend(fresh.rev());
+                state.free.pop()?
+            }
+        };
+        state.taken += 1;
+        let command = make(index, pool.get(index));
+        let position = state.commands.len() as u32;
+        state.commands.push_back(command);
+        drop(state);
+        if position == 0 {
+            self.wake.notify_one();
+        }
+        Some((index, position))
+    }
+
+    /// Moves every queued command into `into` (shard by shard, each in order) and gives each
+    /// shard back the slots in `freed[shard]`. Returns how many commands it took.
+    pub(crate) fn take_all(&self, into: &mut VecDeque<C>, freed: &mut [Vec<u32>]) -> usize {
+        let before = into.len();
+        for shard in 0..self.shards.len() {
+            let mut state = self.lock(shard);
+            if into.is_empty() {
+                std::mem::swap(&mut state.commands, into);
+            } else {
+                into.append(&mut state.commands);
+            }
+            if let Some(freed) = freed.get_mut(shard) {
+                state.returned += freed.len() as u64;
+                state.free.append(freed);
+            }
+        }
+        into.len() - before
+    }
+
+    /// Gives back the command buffers a flood left behind in the shards.
+    pub(crate) fn trim(&self) {
+        for shard in 0..self.shards.len() {
+            let mut state = self.lock(shard);
+            if state.commands.is_empty() && state.commands.capacity() > RETAINED_COMMANDS {
+                state.commands = VecDeque::new();
+            }
+        }
+    }
+
+    /// Frees the pool's segments past what `keep` slots need, if no slot at all is in use:
+    /// every shard is locked meanwhile, so none can be taken. Returns the new capacity.
+    pub(crate) fn shrink_pool(
+        &self,
+        pool: &Pool,
+        freed: &mut [Vec<u32>],
+        keep: u32,
+    ) -> Option<u32> {
+        let mut shards: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
+        for (state, freed) in shards.iter_mut().zip(freed.iter_mut()) {
+            state.returned += freed.len() as u64;
+            state.free.append(freed);
+        }
+        let live: u64 = shards.iter().map(|s| s.taken - s.returned).sum();
+        if live != 0 {
+            return None;
+        }
+        // SAFETY: no slot is held (every slot taken was given back), and none can be taken
+        // while these locks are held; the free lists are cut to the new capacity below, before
+        // the locks are released.
+        let capacity = unsafe { pool.shrink(Pool::segments_within(keep)) };
+        for state in &mut shards {
+            state.free.retain(|&index| index < capacity);
+            if state.free.capacity() > 2 * state.free.len() + 64 {
+                state.free.shrink_to_fit();
+            }
+        }
+        Some(capacity)
     }
 
     /// The last sending handle is gone.
     pub(crate) fn close(&self) {
-        self.lock().senders_gone = true;
+        self.senders_gone.store(true, Ordering::Release);
         self.wake.notify_one();
     }
 
-    /// Moves every queued command into `into` (which must be empty).
-    pub(crate) fn take(&self, into: &mut Vec<C>) -> Senders {
-        debug_assert!(into.is_empty());
-        if into.capacity() > RETAINED_CAPACITY {
-            *into = Vec::new();
-        }
-        let mut state = self.lock();
-        std::mem::swap(&mut state.commands, into);
-        if state.senders_gone {
-            Senders::Gone
-        } else {
-            Senders::Open
-        }
+    pub(crate) fn senders_gone(&self) -> bool {
+        self.senders_gone.load(Ordering::Acquire)
     }
 
     /// Completes once a command may be queued (possibly spuriously).
@@ -97,11 +266,14 @@ impl<C> Inbox<C> {
         self.wake.notified().await;
     }
 
-    /// Refuses all further sends and returns what was still queued.
-    pub(crate) fn stop(&self) -> Vec<C> {
-        let mut state = self.lock();
-        state.stopped = true;
-        std::mem::take(&mut state.commands)
+    /// Refuses all further sends and moves what was still queued into `into`.
+    pub(crate) fn stop(&self, into: &mut VecDeque<C>) {
+        for shard in 0..self.shards.len() {
+            let mut state = self.lock(shard);
+            state.stopped = true;
+            into.append(&mut state.commands);
+            state.commands = VecDeque::new();
+        }
     }
 }
 
@@ -110,49 +282,106 @@ mod tests {
     use super::*;
 
     #[test]
-    fn take_swaps_out_everything_in_order() {
-        let inbox = Inbox::new();
-        for i in 0..5 {
-            inbox.send(i).unwrap();
+    fn take_all_moves_everything_in_order_per_shard() {
+        let inbox = Inbox::new(2);
+        for i in 0..3 {
+            inbox.send(0, i).unwrap();
+            inbox.send(1, 10 + i).unwrap();
         }
-        let mut batch = Vec::new();
-        assert_eq!(inbox.take(&mut batch), Senders::Open);
-        assert_eq!(batch, [0, 1, 2, 3, 4]);
+        let mut batch = VecDeque::new();
+        assert_eq!(inbox.take_all(&mut batch, &mut []), 6);
+        assert_eq!(batch, [0, 1, 2, 10, 11, 12]);
         batch.clear();
-        assert_eq!(inbox.take(&mut batch), Senders::Open);
-        assert!(batch.is_empty());
+        assert_eq!(inbox.take_all(&mut batch, &mut []), 0);
     }
 
     #[test]
     fn a_stopped_inbox_refuses_and_hands_back_the_rest() {
-        let inbox = Inbox::new();
-        inbox.send(1).unwrap();
-        assert_eq!(inbox.stop(), [1]);
-        assert_eq!(inbox.send(2), Err(2));
-        assert!(inbox.stop().is_empty());
+        let inbox = Inbox::new(1);
+        inbox.send(0, 1).unwrap();
+        let mut rest = VecDeque::new();
+        inbox.stop(&mut rest);
+        assert_eq!(rest, [1]);
+        assert_eq!(inbox.send(0, 2), Err(2));
+        let pool = Pool::default();
+        assert_eq!(inbox.send_with_slot(0, &pool, |_, _| 3), None);
+        assert!(!inbox.withdraw(0, 0, |_| true, 4, 0));
+    }
+
+    #[test]
+    fn slots_come_from_the_shard_and_go_back_to_it() {
+        let inbox = Inbox::new(2);
+        let pool = Pool::default();
+        let (a, _) = inbox.send_with_slot(1, &pool, |index, _| index).unwrap();
+        let (b, position) = inbox.send_with_slot(1, &pool, |index, _| index).unwrap();
+        assert_eq!((a, b, position), (0, 1, 1));
+        let mut batch = VecDeque::new();
+        let mut freed = vec![Vec::new(), vec![a, b]];
+        inbox.take_all(&mut batch, &mut freed);
+        assert!(freed[1].is_empty());
+        assert_eq!(
+            inbox.send_with_slot(1, &pool, |index, _| index),
+            Some((b, 0))
+        );
+        // One slot is still held: the pool cannot shrink.
+        assert_eq!(inbox.shrink_pool(&pool, &mut freed, 0), None);
+        let mut freed = vec![Vec::new(), vec![b]];
+        assert_eq!(inbox.shrink_pool(&pool, &mut freed, 0), Some(0));
+        assert_eq!(pool.capacity(), 0);
+        assert_eq!(
+            inbox.send_with_slot(0, &pool, |index, _| index),
+            Some((0, 0))
+        );
+    }
+
+    #[test]
+    fn a_command_not_yet_taken_can_be_withdrawn() {
+        let inbox = Inbox::new(1);
+        let pool = Pool::default();
+        let (slot, position) = inbox
+            .send_with_slot(0, &pool, |index, _| index + 100)
+            .unwrap();
+        inbox.send(0, 7).unwrap();
+        assert!(
+            !inbox.withdraw(0, position, |&c| c == 999, 0, slot),
+            "not its command"
+        );
+        assert!(inbox.withdraw(0, position, |&c| c == slot + 100, 0, slot));
+        let mut batch = VecDeque::new();
+        inbox.take_all(&mut batch, &mut []);
+        assert_eq!(batch, [0, 7]);
+        assert!(
+            !inbox.withdraw(0, position, |_| true, 0, slot),
+            "taken already"
+        );
+        assert_eq!(
+            inbox.send_with_slot(0, &pool, |index, _| index),
+            Some((slot, 0))
+        );
     }
 
     #[tokio::test]
-    async fn the_first_send_into_an_empty_inbox_wakes_the_actor() {
-        let inbox = std::sync::Arc::new(Inbox::new());
+    async fn the_first_send_into_an_empty_shard_wakes_the_actor() {
+        let inbox = std::sync::Arc::new(Inbox::new(1));
         let waiter = tokio::spawn({
             let inbox = inbox.clone();
             async move {
                 inbox.wait().await;
-                let mut batch = Vec::new();
-                inbox.take(&mut batch);
+                let mut batch = VecDeque::new();
+                inbox.take_all(&mut batch, &mut []);
                 batch
             }
         });
         tokio::task::yield_now().await;
-        inbox.send(7).unwrap();
+        inbox.send(0, 7).unwrap();
         assert_eq!(waiter.await.unwrap(), [7]);
     }
 
     #[test]
-    fn close_is_reported_by_take() {
-        let inbox = Inbox::<u8>::new();
+    fn close_is_seen() {
+        let inbox = Inbox::<u8>::new(1);
+        assert!(!inbox.senders_gone());
         inbox.close();
-        assert_eq!(inbox.take(&mut Vec::new()), Senders::Gone);
+        assert!(inbox.senders_gone());
     }
 }

@@ -1,99 +1,137 @@
 //! The actor: one task that owns a cascade wheel and everything filed in it.
 //!
 //! Every actor runs the same loop (this module); what it holds and how it fires is a
-//! [`Machine`]: [`timers::TimerMachine`] for sleeps and jobs, and one keyed machine per
-//! [`Wheel::keyed`](crate::Wheel::keyed) set. The loop
+//! [`Machine`]: [`timers::TimerMachine`] for sleeps and jobs, and one [`keyed::KeyedMachine`]
+//! per keyed set. A turn of the loop
 //!
-//! 1. applies every queued command, in slices of [`COMMAND_BATCH`] with firing in between, then
-//!    fires what is due in batches of [`FIRE_BATCH`], yielding between fire batches so a burst
-//!    of expirations never starves the runtime;
-//! 2. arms a single `tokio::time::Sleep` at the next occupied slot — it never ticks while idle;
-//! 3. waits for that sleep, for commands, or for shutdown.
+//! 1. takes every queued command and applies them; when a stretch runs past its budget of real
+//!    time ([`TURN_BUDGET`], doubling up to [`MAX_TURN_BUDGET`] while a backlog lasts), it
+//!    fires what is due and yields to the runtime before going on, so a flood of commands
+//!    neither delays firing nor starves other tasks;
+//! 2. fires what is due in batches of [`FIRE_BATCH`], yielding between batches;
+//! 3. publishes its counters, answers barriers and, once idle, gives flood-sized memory back;
+//! 4. arms a single `tokio::time::Sleep` at the next wake-up its timeline asks for (it never
+//!    ticks while idle), yields once if it did any work, and waits for that sleep, for
+//!    commands, or for shutdown.
 //!
-//! An actor stops on shutdown, when its runtime drops it, or on its own once no handle can
-//! reach it and nothing is filed. However it stops, [`Actor`]'s `Drop` resolves everything
-//! still pending, so nothing created by the wheel hangs.
+//! Waiting on the inbox costs no cooperative budget (a `Notify` never returns `Pending` for
+//! budget reasons), so the explicit yields are what keep the actor a good citizen, on a
+//! current-thread runtime fed from other threads too.
+//!
+//! However the actor stops — shutdown, its runtime dropping it, or no handle left and nothing
+//! filed — it first applies every command still queued, then resolves what is filed as shut
+//! down (except on a quiet exit, where nothing is filed). So a command sent before
+//! `shutdown()` is never lost, and nothing created by the wheel hangs.
 
 pub(crate) mod inbox;
+pub(crate) mod keyed;
+pub(crate) mod timeline;
 pub(crate) mod timers;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use self::inbox::{Inbox, Senders};
-use crate::handle::Shared;
-use crate::stats::Delta;
-use crate::wheel::TimerWheel;
+use self::inbox::Inbox;
+use self::timeline::Moves;
+use crate::timer::counters::Delta;
+use crate::timer::shared::Shared;
 
-/// Commands applied before the actor fires what is due and yields to the runtime.
-pub(crate) const COMMAND_BATCH: usize = 16 * 1024;
+/// Commands applied between two looks at the turn's time budget.
+const SLICE: usize = 1024;
+/// Real time a turn first spends applying commands before it fires what is due and yields.
+/// While a backlog lasts, each stretch doubles, up to [`MAX_TURN_BUDGET`]: the actor keeps up
+/// with producers on its own runtime, and other tasks still run every few milliseconds.
+pub(crate) const TURN_BUDGET: Duration = Duration::from_millis(1);
+/// The longest stretch of applying commands without a yield.
+pub(crate) const MAX_TURN_BUDGET: Duration = Duration::from_millis(16);
 /// Timers fired before the actor yields to the runtime.
 pub(crate) const FIRE_BATCH: usize = 1024;
+/// Command buffer capacity an idle actor keeps.
+const RETAINED_BATCH: usize = 4 * 1024;
+
+/// What a machine may use while applying a command or firing.
+pub(crate) struct Ctx<'a> {
+    pub(crate) shared: &'a Arc<Shared>,
+    pub(crate) delta: &'a mut Delta,
+}
 
 /// What an actor holds and how it applies commands and fires.
 pub(crate) trait Machine: Send + 'static {
     type Command: Send + 'static;
 
     /// Applies one command.
-    fn apply(&mut self, command: Self::Command, shared: &Arc<Shared>, delta: &mut Delta);
+    fn apply(&mut self, command: Self::Command, ctx: &mut Ctx<'_>);
 
-    /// Fires up to `budget` timers due at tick `now`; returns how many it handled.
-    fn fire(&mut self, now: u64, budget: usize, shared: &Arc<Shared>, delta: &mut Delta) -> usize;
+    /// Fires up to `budget` timers due at offset `now`; returns how many it looked at (fewer
+    /// than `budget`: nothing due is left).
+    fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize;
 
-    /// What the machine files in its wheel.
-    type Item;
-
-    /// The machine's wheel.
-    fn wheel(&self) -> &TimerWheel<Self::Item>;
-
-    /// The tick of the next work, if anything is filed.
-    fn next_expiration(&self) -> Option<u64> {
-        self.wheel().next_expiration()
-    }
+    /// The offset to wake at next, if anything is filed.
+    fn next_wake(&self) -> Option<u64>;
 
     /// How many timers are filed.
-    fn len(&self) -> usize {
-        self.wheel().len()
+    fn len(&self) -> usize;
+
+    /// The wheel's moves so far.
+    fn moves(&self) -> Moves;
+
+    /// Resolves everything filed as shut down.
+    fn shut_down(&mut self, ctx: &mut Ctx<'_>);
+
+    /// Pool slots released since the last take, per inbox shard, to give back to the shards.
+    fn freed(&mut self) -> &mut [Vec<u32>] {
+        &mut []
     }
 
-    /// The wheel's cascade count so far.
-    fn cascades(&self) -> u64 {
-        self.wheel().cascades()
+    /// Whether a barrier waits for this turn: take every shard once more before answering.
+    fn wants_barrier(&self) -> bool {
+        false
     }
 
-    /// A command that arrived after the actor stopped: resolve it as shut down.
-    fn refuse(&mut self, command: Self::Command);
-
-    /// The actor stops: resolve everything filed as shut down.
-    fn shut_down(&mut self, shared: &Arc<Shared>, delta: &mut Delta);
-
-    /// Called after each turn's stats are published: answer anything waiting on that.
-    fn turn_done(&mut self) {}
+    /// The turn is over and counted: answer barriers, and give memory back if idle.
+    fn turn_done(&mut self, inbox: &Inbox<Self::Command>, shared: &Arc<Shared>);
 }
 
-/// A machine with its command queue; dropping it resolves everything it still holds.
+/// How the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    /// Shutdown was requested.
+    Shutdown,
+    /// No handle can reach the actor and nothing is filed.
+    Quiet,
+}
+
+/// A machine with its command queue; dropping it applies what is queued and resolves
+/// everything it still holds.
 pub(crate) struct Actor<M: Machine> {
     machine: M,
     inbox: Arc<Inbox<M::Command>>,
     shared: Arc<Shared>,
     delta: Delta,
+    /// Commands taken and not yet applied (kept here so a drop mid-turn still applies them).
+    batch: VecDeque<M::Command>,
     reported_pending: usize,
-    reported_cascades: u64,
+    reported_moves: Moves,
+    stopped: bool,
 }
 
 impl<M: Machine> Actor<M> {
     /// Counts the actor as live at once, so `shutdown()` waits for it even before it runs.
     pub(crate) fn new(machine: M, inbox: Arc<Inbox<M::Command>>, shared: Arc<Shared>) -> Self {
-        shared.live_actors.send_modify(|live| *live += 1);
+        shared.actor_started();
         Actor {
             machine,
             inbox,
             shared,
             delta: Delta::default(),
+            batch: VecDeque::new(),
             reported_pending: 0,
-            reported_cascades: 0,
+            reported_moves: Moves::default(),
+            stopped: false,
         }
     }
 
@@ -106,98 +144,164 @@ impl<M: Machine> Actor<M> {
 
     async fn run(mut self) {
         tracing::debug!("actor started");
-        let mut shutdown = self.shared.shutdown.subscribe();
-        let mut batch = Vec::new();
+        let mut shutdown = self.shared.shutdown_signal();
         let timer = tokio::time::sleep_until(Instant::now());
         tokio::pin!(timer);
         let mut armed: Option<u64> = None;
-        loop {
+        let exit = loop {
             if *shutdown.borrow_and_update() {
-                break;
+                break Exit::Shutdown;
             }
             self.delta.wakeups += 1;
-            let senders = self.inbox.take(&mut batch);
-            let received = batch.len();
-            if received > 0 {
-                tracing::trace!(received, "applying commands");
-                self.delta.commands += received as u64;
-                let mut commands = batch.drain(..);
-                loop {
-                    let mut applied = 0;
-                    for command in commands.by_ref().take(COMMAND_BATCH) {
-                        self.machine.apply(command, &self.shared, &mut self.delta);
-                        applied += 1;
-                    }
-                    if applied < COMMAND_BATCH {
-                        break;
-                    }
-                    // A flood: keep firing on time between slices. No yield here: yielding
-                    // mid-turn hands the CPU back to the producers and the backlog only grows;
-                    // the turn is bounded by what was queued when it began, and Tokio's
-                    // cooperative budget makes the actor yield between turns.
-                    self.fire_due();
-                }
-            }
-            while self.fire_due() == FIRE_BATCH {
-                tokio::task::yield_now().await;
-            }
-            self.flush_stats();
-            self.machine.turn_done();
-            if senders == Senders::Gone {
-                if received > 0 {
-                    continue;
-                }
-                if self.machine.len() == 0 {
+            let worked = self.turn().await;
+            self.publish();
+            if self.inbox.senders_gone() && self.machine.len() == 0 {
+                // Senders close after their last send: one more look makes sure it is applied.
+                if self.take() == 0 {
                     tracing::debug!("no handle left and nothing pending: actor exits");
-                    break;
+                    break Exit::Quiet;
                 }
+                continue;
             }
-            match self.machine.next_expiration() {
-                Some(tick) if armed != Some(tick) => {
-                    timer.as_mut().reset(self.shared.clock.instant_of(tick));
-                    armed = Some(tick);
+            match self.machine.next_wake() {
+                Some(wake) if armed != Some(wake) => {
+                    timer.as_mut().reset(self.shared.clock.instant(wake));
+                    armed = Some(wake);
                 }
                 Some(_) => {}
                 None => armed = None,
             }
+            if worked {
+                // Notify costs no budget: without this, a busy actor would never yield.
+                tokio::task::yield_now().await;
+            }
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => break,
-                () = self.inbox.wait(), if senders == Senders::Open => {}
+                _ = shutdown.changed() => break Exit::Shutdown,
+                // Also how the last handle's going is seen: `close` notifies.
+                () = self.inbox.wait() => {}
                 () = &mut timer, if armed.is_some() => armed = None,
             }
-        }
-        self.stop();
+        };
+        self.stop(exit);
     }
 
-    fn fire_due(&mut self) -> usize {
-        let now = self.shared.clock.now_tick();
-        let fired = self
-            .machine
-            .fire(now, FIRE_BATCH, &self.shared, &mut self.delta);
-        if fired > 0 {
-            tracing::trace!(fired, now, "fired");
-        }
-        fired
+    /// Takes every queued command into the batch; returns how many.
+    fn take(&mut self) -> usize {
+        let took = self.inbox.take_all(&mut self.batch, self.machine.freed());
+        self.delta.commands += took as u64;
+        took
     }
 
-    fn flush_stats(&mut self) {
+    /// One turn: apply what is queued (in slices, firing and yielding when the budget runs
+    /// out), then fire what is due. Returns whether it did anything.
+    async fn turn(&mut self) -> bool {
+        let took = self.take();
+        if took > 0 {
+            tracing::trace!(took, "applying commands");
+        }
+        let mut worked = took > 0;
+        self.apply_batch().await;
+        if self.machine.wants_barrier() {
+            // A barrier answers for every command sent before it, whichever shard: take once
+            // more, since shards taken before the barrier's may have received some since.
+            self.take();
+            self.apply_batch().await;
+        }
+        worked |= self.fire_due().await > 0;
+        worked
+    }
+
+    /// Applies the batch, firing and yielding whenever a stretch runs past the budget.
+    async fn apply_batch(&mut self) {
+        let mut budget = TURN_BUDGET;
+        let mut stretch = std::time::Instant::now();
+        while !self.batch.is_empty() {
+            self.apply_slice();
+            if !self.batch.is_empty() && stretch.elapsed() >= budget {
+                self.fire_due().await;
+                tokio::task::yield_now().await;
+                budget = (budget * 2).min(MAX_TURN_BUDGET);
+                stretch = std::time::Instant::now();
+            }
+        }
+        if self.batch.capacity() > RETAINED_BATCH {
+            self.batch = VecDeque::new();
+        }
+    }
+
+    fn apply_slice(&mut self) {
+        let mut ctx = Ctx {
+            shared: &self.shared,
+            delta: &mut self.delta,
+        };
+        for _ in 0..SLICE {
+            let Some(command) = self.batch.pop_front() else {
+                break;
+            };
+            self.machine.apply(command, &mut ctx);
+        }
+    }
+
+    /// Fires everything due, yielding between batches. Returns how many timers it looked at.
+    async fn fire_due(&mut self) -> usize {
+        let mut total = 0;
+        loop {
+            let now = self.shared.clock.now();
+            let mut ctx = Ctx {
+                shared: &self.shared,
+                delta: &mut self.delta,
+            };
+            let shown = self.machine.fire(now, FIRE_BATCH, &mut ctx);
+            total += shown;
+            if shown < FIRE_BATCH {
+                if shown > 0 {
+                    tracing::trace!(shown, now, "fired");
+                }
+                return total;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Merges the turn's counters and lets the machine answer barriers and trim memory.
+    fn publish(&mut self) {
         let pending = self.machine.len();
-        let cascades = self.machine.cascades();
+        let moves = self.machine.moves();
         let change = pending as i64 - self.reported_pending as i64;
-        self.shared
-            .stats
-            .merge(&mut self.delta, change, cascades - self.reported_cascades);
+        self.delta.rescheduled += moves.refiled - self.reported_moves.refiled;
+        self.shared.counters.merge(
+            &mut self.delta,
+            change,
+            moves.cascades - self.reported_moves.cascades,
+        );
         self.reported_pending = pending;
-        self.reported_cascades = cascades;
+        self.reported_moves = moves;
+        if pending == 0 && self.batch.is_empty() {
+            // Idle: give flood-sized memory back before anyone waiting on this turn looks.
+            self.inbox.trim();
+        }
+        self.machine.turn_done(&self.inbox, &self.shared);
     }
 
-    /// Refuses every command still queued (and all later ones), then resolves everything
-    /// filed. Idempotent.
-    fn stop(&mut self) {
-        for command in self.inbox.stop() {
-            self.delta.commands += 1;
-            self.machine.refuse(command);
+    /// Refuses further commands, applies every one still queued, then resolves everything
+    /// filed as shut down. Idempotent.
+    fn stop(&mut self, exit: Exit) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        if exit == Exit::Shutdown {
+            if self.shared.close() {
+                tracing::debug!("the wheel stops: its runtime dropped an actor");
+            }
+            self.shared.request_shutdown();
+        }
+        let queued = self.batch.len();
+        self.inbox.stop(&mut self.batch);
+        self.delta.commands += (self.batch.len() - queued) as u64;
+        while !self.batch.is_empty() {
+            self.apply_slice();
         }
         if self.machine.len() > 0 {
             tracing::debug!(
@@ -205,16 +309,20 @@ impl<M: Machine> Actor<M> {
                 "actor stops with timers pending"
             );
         }
-        self.machine.shut_down(&self.shared, &mut self.delta);
-        self.flush_stats();
-        self.machine.turn_done();
+        let mut ctx = Ctx {
+            shared: &self.shared,
+            delta: &mut self.delta,
+        };
+        self.machine.shut_down(&mut ctx);
+        self.publish();
     }
 }
 
 impl<M: Machine> Drop for Actor<M> {
     fn drop(&mut self) {
-        self.stop();
-        self.shared.live_actors.send_modify(|live| *live -= 1);
+        // Dropped before its loop ended: its runtime is going away. The wheel stops with it.
+        self.stop(Exit::Shutdown);
+        self.shared.actor_stopped();
         tracing::debug!("actor stopped");
     }
 }

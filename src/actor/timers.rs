@@ -1,183 +1,251 @@
 //! The machine of the main actor: sleeps (and the timeouts and intervals built on them) and
-//! one-shot jobs.
+//! one-shot jobs, each a slot of the wheel's timer pool, filed in the wheel under its slot
+//! index.
+//!
+//! The actor learns a timer's deadline from the command that files it and touches the slot's
+//! shared word only when the timer comes due (to fire it, or to find it postponed) or when the
+//! wheel stops. A slot goes back to its shard's free list once its handle has released it and
+//! the wheel no longer holds it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
-use super::Machine;
-use crate::handle::Shared;
-use crate::job::JobEntry;
-use crate::sleep::SleepShared;
-use crate::state::{Due, TimerState};
-use crate::stats::Delta;
-use crate::wheel::TimerWheel;
+use super::inbox::Inbox;
+use super::timeline::{Moves, Timeline, Verdict};
+use super::{Ctx, Machine};
+use crate::timer::Launch;
+use crate::timer::clock::Clock;
+use crate::timer::shared::Shared;
+use crate::timer::state::{Due, State};
 
-/// Entry capacity an empty wheel keeps; more is given back after a burst.
-pub(crate) const RETAINED_ENTRIES: usize = 4096;
-
-/// A timer filed in the main actor's wheel.
-pub(crate) enum Timer {
-    Sleep(Arc<SleepShared>),
-    Job(Arc<dyn JobEntry>),
-}
-
-impl Timer {
-    fn state(&self) -> &TimerState {
-        match self {
-            Timer::Sleep(sleep) => &sleep.state,
-            Timer::Job(job) => job.state(),
-        }
-    }
-
-    /// Whether both name the same timer (a wheel key alone could be stale).
-    fn same(&self, other: &Timer) -> bool {
-        std::ptr::addr_eq(self.state(), other.state())
-    }
-
-    fn fire(self, shared: &Arc<Shared>) {
-        match self {
-            Timer::Sleep(sleep) => sleep.waker.wake(),
-            Timer::Job(job) => job.start(shared),
-        }
-    }
-
-    /// Resolves a timer the wheel will never fire because it stopped.
-    fn shut_down(self) {
-        if self.state().shut_down() {
-            match self {
-                Timer::Sleep(sleep) => sleep.waker.wake(),
-                Timer::Job(job) => job.refuse(),
-            }
-        }
-    }
-}
+/// Pool slots an idle wheel keeps; the rest is given back after a burst.
+const RETAINED_SLOTS: u32 = 4 * 1024;
 
 /// What handles ask of the main actor.
 pub(crate) enum Command {
-    /// File a timer (its deadline is in its state word).
-    Insert(Timer),
-    /// Take a timer out of the wheel now (its state already says cancelled).
-    Cancel(Timer),
-    /// Move a timer earlier, to the deadline in its state word.
-    Reschedule(Timer),
+    /// File `slot` (armed for `deadline`), or move it there if it is still filed.
+    Insert { slot: u32, deadline: u64 },
+    /// File a job's slot and keep its launcher until it is due.
+    InsertJob(Box<JobInsert>),
+    /// Move a filed slot earlier, to `deadline`.
+    Advance { slot: u32, deadline: u64 },
+    /// Take a slot out of the wheel now (its word says cancelled).
+    Unfile { slot: u32 },
+    /// The handle is done with `slot`, taken from inbox shard `shard`: a sleep's is taken out
+    /// (its word says cancelled or fired) and freed; a job's is freed once it fires.
+    Release { slot: u32, shard: u32 },
     /// Answer once every command sent before this one is applied and counted in the stats.
     Flush(oneshot::Sender<()>),
+    /// An `Insert` its handle withdrew before the actor took it: nothing to do.
+    Withdrawn,
+}
+
+/// A job to file.
+pub(crate) struct JobInsert {
+    pub(crate) slot: u32,
+    pub(crate) deadline: u64,
+    pub(crate) launch: Arc<dyn Launch>,
+}
+
+struct FiledJob {
+    launch: Arc<dyn Launch>,
+    /// The shard its handle released the slot to, once it has.
+    released: Option<u32>,
 }
 
 pub(crate) struct TimerMachine {
-    wheel: TimerWheel<Timer>,
+    timeline: Timeline,
+    jobs: HashMap<u32, FiledJob>,
+    /// Slots to give back, per inbox shard.
+    freed: Vec<Vec<u32>>,
     flushes: Vec<oneshot::Sender<()>>,
 }
 
 impl TimerMachine {
-    pub(crate) fn new(wheel: TimerWheel<Timer>) -> Self {
+    pub(crate) fn new(levels: &[u32], clock: Clock, shards: usize) -> Self {
         TimerMachine {
-            wheel,
+            timeline: Timeline::new(levels, clock),
+            jobs: HashMap::new(),
+            freed: vec![Vec::new(); shards],
             flushes: Vec::new(),
-        }
-    }
-
-    /// The timer's current wheel key, if `timer` is the entry filed under it.
-    fn filed_key(&self, timer: &Timer) -> Option<crate::wheel::Key> {
-        let key = timer.state().key();
-        self.wheel
-            .get(key)
-            .is_some_and(|filed| filed.same(timer))
-            .then_some(key)
-    }
-
-    fn file(&mut self, tick: u64, timer: Timer) {
-        let key = self.wheel.insert(tick, timer);
-        if let Some(timer) = self.wheel.get(key) {
-            timer.state().set_key(key);
         }
     }
 }
 
+fn free(freed: &mut [Vec<u32>], slot: u32, shard: u32) {
+    freed[shard as usize].push(slot);
+}
+
 impl Machine for TimerMachine {
     type Command = Command;
-    type Item = Timer;
 
-    fn apply(&mut self, command: Command, _shared: &Arc<Shared>, delta: &mut Delta) {
+    fn apply(&mut self, command: Command, ctx: &mut Ctx<'_>) {
         match command {
-            Command::Insert(timer) => {
-                delta.inserted += 1;
-                match timer.state().claim() {
-                    Some(tick) => self.file(tick, timer),
-                    None => delta.cancelled += 1,
+            Command::Insert { slot, deadline } => {
+                ctx.delta.inserted += 1;
+                if self.timeline.contains(slot) {
+                    // Re-armed before the wheel got to it: its handle had completed it.
+                    ctx.delta.fired += 1;
+                }
+                self.timeline.file(slot, deadline);
+            }
+            Command::InsertJob(job) => {
+                ctx.delta.inserted += 1;
+                self.jobs.insert(
+                    job.slot,
+                    FiledJob {
+                        launch: job.launch,
+                        released: None,
+                    },
+                );
+                self.timeline.file(job.slot, job.deadline);
+            }
+            Command::Advance { slot, deadline } => {
+                if self.timeline.advance_to(slot, deadline) {
+                    ctx.delta.rescheduled += 1;
                 }
             }
-            Command::Cancel(timer) => {
-                if let Some(key) = self.filed_key(&timer) {
-                    self.wheel.remove(key);
-                    delta.cancelled += 1;
+            Command::Unfile { slot } => {
+                if self.timeline.unfile(slot) {
+                    ctx.delta.cancelled += 1;
+                    if let Some(FiledJob {
+                        released: Some(shard),
+                        ..
+                    }) = self.jobs.remove(&slot)
+                    {
+                        free(&mut self.freed, slot, shard);
+                    }
                 }
             }
-            Command::Reschedule(timer) => {
-                if let (Some(key), Some(tick)) =
-                    (self.filed_key(&timer), timer.state().registered_tick())
-                {
-                    self.wheel.reschedule(key, tick);
-                    delta.rescheduled += 1;
+            Command::Release { slot, shard } => {
+                if let Some(job) = self.jobs.get_mut(&slot) {
+                    // A detached job still runs: free its slot once it fires.
+                    job.released = Some(shard);
+                    return;
                 }
+                if self.timeline.unfile(slot) {
+                    match ctx.shared.pool.get(slot).word.state() {
+                        State::Fired => ctx.delta.fired += 1,
+                        _ => ctx.delta.cancelled += 1,
+                    }
+                }
+                free(&mut self.freed, slot, shard);
             }
             Command::Flush(reply) => self.flushes.push(reply),
+            Command::Withdrawn => {}
         }
     }
 
-    fn turn_done(&mut self) {
-        self.wheel.shrink_if_empty(RETAINED_ENTRIES);
-        for reply in self.flushes.drain(..) {
-            let _ = reply.send(());
-        }
-    }
-
-    fn fire(&mut self, now: u64, budget: usize, shared: &Arc<Shared>, delta: &mut Delta) -> usize {
-        let mut processed = 0;
-        let mut read_at: Option<Instant> = None;
-        while processed < budget {
-            let Some(expired) = self.wheel.poll_expired(now) else {
-                break;
-            };
-            processed += 1;
-            match expired.item.state().on_due(now) {
-                Due::Fire => {
-                    let at = *read_at.get_or_insert_with(Instant::now);
-                    let lateness =
-                        at.saturating_duration_since(shared.clock.instant_of(expired.deadline));
-                    delta.max_lateness = delta.max_lateness.max(lateness);
+    fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
+        let TimerMachine {
+            timeline,
+            jobs,
+            freed,
+            ..
+        } = self;
+        let shared = ctx.shared;
+        let delta = &mut *ctx.delta;
+        timeline.expire(now, budget, |id| {
+            let slot = shared.pool.get(id);
+            match slot.word.on_due(now) {
+                Due::Fire(deadline) => {
+                    delta.record_fire(deadline, now);
+                    match jobs.remove(&id) {
+                        Some(job) => {
+                            job.launch.launch(shared);
+                            if let Some(shard) = job.released {
+                                free(freed, id, shard);
+                            }
+                        }
+                        None => slot.waker.wake(),
+                    }
+                    Verdict::Done
+                }
+                Due::Later(deadline) => Verdict::Later(deadline),
+                Due::Completed => {
                     delta.fired += 1;
-                    expired.item.fire(shared);
+                    Verdict::Done
                 }
-                Due::Refile(tick) => {
-                    delta.rescheduled += 1;
-                    self.file(tick, expired.item);
+                Due::Cancelled => {
+                    delta.cancelled += 1;
+                    if let Some(FiledJob {
+                        released: Some(shard),
+                        ..
+                    }) = jobs.remove(&id)
+                    {
+                        free(freed, id, shard);
+                    }
+                    Verdict::Done
                 }
-                Due::Drop => delta.cancelled += 1,
+            }
+        })
+    }
+
+    fn next_wake(&self) -> Option<u64> {
+        self.timeline.next_wake()
+    }
+
+    fn len(&self) -> usize {
+        self.timeline.len()
+    }
+
+    fn moves(&self) -> Moves {
+        self.timeline.moves()
+    }
+
+    fn shut_down(&mut self, ctx: &mut Ctx<'_>) {
+        let pool = &ctx.shared.pool;
+        for id in self.timeline.drain() {
+            let slot = pool.get(id);
+            let job = self.jobs.remove(&id);
+            if slot.word.shut_down() {
+                ctx.delta.cancelled += 1;
+                match job {
+                    Some(job) => job.launch.refuse(),
+                    None => slot.waker.wake(),
+                }
+            } else if slot.word.state() == State::Fired {
+                ctx.delta.fired += 1;
+            } else {
+                ctx.delta.cancelled += 1;
             }
         }
-        processed
+        self.jobs.clear();
     }
 
-    fn wheel(&self) -> &TimerWheel<Timer> {
-        &self.wheel
+    fn freed(&mut self) -> &mut [Vec<u32>] {
+        &mut self.freed
     }
 
-    fn refuse(&mut self, command: Command) {
-        if let Command::Insert(timer) = command {
-            timer.shut_down();
+    fn wants_barrier(&self) -> bool {
+        !self.flushes.is_empty()
+    }
+
+    fn turn_done(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) {
+        if self.timeline.len() == 0 {
+            if self.jobs.capacity() > 64 {
+                self.jobs = HashMap::new();
+            }
+            if shared.pool.capacity() > RETAINED_SLOTS {
+                if let Some(capacity) =
+                    inbox.shrink_pool(&shared.pool, &mut self.freed, RETAINED_SLOTS)
+                {
+                    tracing::debug!(capacity, "idle: timer pool shrunk");
+                    self.timeline
+                        .shrink(capacity as usize, RETAINED_SLOTS as usize);
+                }
+            }
+            for freed in &mut self.freed {
+                if freed.is_empty() && freed.capacity() > RETAINED_SLOTS as usize {
+                    *freed = Vec::new();
+                }
+            }
         }
-    }
-
-    fn shut_down(&mut self, shared: &Arc<Shared>, delta: &mut Delta) {
-        shared.closed.store(true, Ordering::Release);
-        let timers: Vec<Timer> = self.wheel.drain().map(|(_, timer)| timer).collect();
-        delta.cancelled += timers.len() as u64;
-        for timer in timers {
-            timer.shut_down();
+        // Last, so a barrier sees memory already given back.
+        for reply in self.flushes.drain(..) {
+            let _ = reply.send(());
         }
     }
 }

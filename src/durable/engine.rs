@@ -171,7 +171,7 @@ impl Engine {
     }
 
     pub(crate) async fn run(mut self) {
-        let mut shutdown = self.wheel.shared().shutdown.subscribe();
+        let mut shutdown = self.wheel.shared().shutdown_signal();
         let mut batch = Vec::with_capacity(BATCH);
         let mut closing = None;
         loop {

@@ -325,7 +325,7 @@ struct RedisEngine {
 
 impl RedisEngine {
     async fn run(mut self) {
-        let mut shutdown = self.wheel.shared().shutdown.subscribe();
+        let mut shutdown = self.wheel.shared().shutdown_signal();
         let mut next: Option<u64> = None;
         let mut retry_at: Option<Instant> = None;
         loop {

@@ -310,7 +310,8 @@ impl Cascade {
         }
     }
 
-    /// Bytes of node storage held (for memory accounting in tests).
+    /// Nodes the table has room for.
+    #[cfg(test)]
     pub(crate) fn node_capacity(&self) -> usize {
         self.nodes.capacity()
     }

@@ -1,0 +1,272 @@
+//! The machine of a keyed timer set: entries by key, each filed in the wheel under a dense id.
+//!
+//! Every command reaches the set's actor through a single-shard inbox, so commands from every
+//! handle apply in the order they were made. The actor keeps each entry once (key, value and
+//! exact deadline, in a table indexed by id) and finds ids by key through a hash table of ids
+//! that compares keys in that table: an entry costs its key and value plus about 30 bytes.
+//!
+//! Postponing is lazy: moving a key's deadline later only rewrites the entry's deadline; when
+//! the old tick comes, the actor files the entry again for the new one.
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hashbrown::HashTable;
+use tokio::sync::{mpsc, oneshot};
+
+use super::inbox::Inbox;
+use super::timeline::{Moves, Timeline, Verdict};
+use super::{Ctx, Machine};
+use crate::timer::clock::Clock;
+use crate::timer::shared::Shared;
+
+/// Entries' worth of capacity an idle set keeps; more is given back after a burst.
+const RETAINED_ENTRIES: usize = 4 * 1024;
+
+/// What a keyed set's handles ask of its actor. Deadlines are signed offsets from the wheel's
+/// origin (negative before it), so an expiration reports the deadline exactly as it was set.
+pub(crate) enum KeyedCommand<K, V> {
+    Set { key: K, value: V, deadline: i64 },
+    Reset { key: K, deadline: i64 },
+    Remove(K),
+    Take(K, oneshot::Sender<Option<V>>),
+    Drain(oneshot::Sender<Vec<(K, V)>>),
+    Len(oneshot::Sender<usize>),
+}
+
+/// An entry that fired or was flushed by shutdown, as the actor sends it.
+#[derive(Debug)]
+pub(crate) struct Expiry<K, V> {
+    pub(crate) key: K,
+    pub(crate) value: V,
+    /// Signed offset from the wheel's origin.
+    pub(crate) deadline: i64,
+    pub(crate) shutdown: bool,
+}
+
+struct Entry<K, V> {
+    key: K,
+    value: V,
+    /// Signed offset from the wheel's origin.
+    deadline: i64,
+}
+
+/// When a signed deadline is due: deadlines before the origin are due at once.
+fn due_at(deadline: i64) -> u64 {
+    deadline.max(0) as u64
+}
+
+pub(crate) struct KeyedMachine<K, V> {
+    timeline: Timeline,
+    /// Entries by id; `None` for free ids.
+    entries: Vec<Option<Entry<K, V>>>,
+    free_ids: Vec<u32>,
+    /// Ids by key. Only the live entry of a key is indexed.
+    index: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+    expirations: mpsc::UnboundedSender<Expiry<K, V>>,
+}
+
+impl<K, V> KeyedMachine<K, V>
+where
+    K: Eq + Hash + Send + 'static,
+    V: Send + 'static,
+{
+    pub(crate) fn new(
+        levels: &[u32],
+        clock: Clock,
+        expirations: mpsc::UnboundedSender<Expiry<K, V>>,
+    ) -> Self {
+        KeyedMachine {
+            timeline: Timeline::new(levels, clock),
+            entries: Vec::new(),
+            free_ids: Vec::new(),
+            index: HashTable::new(),
+            // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
+            hasher: foldhash::fast::RandomState::default(),
+            expirations,
+        }
+    }
+
+    fn find(&self, key: &K) -> Option<u32> {
+        let entries = &self.entries;
+        self.index
+            .find(self.hasher.hash_one(key), |&id| {
+                entries[id as usize]
+                    .as_ref()
+                    .is_some_and(|entry| entry.key == *key)
+            })
+            .copied()
+    }
+
+    fn insert(&mut self, key: K, value: V, deadline: i64) {
+        let id = self.free_ids.pop().unwrap_or_else(|| {
+            self.entries.push(None);
+            (self.entries.len() - 1) as u32
+        });
+        let hash = self.hasher.hash_one(&key);
+        self.entries[id as usize] = Some(Entry {
+            key,
+            value,
+            deadline,
+        });
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.index.insert_unique(hash, id, |&id| {
+            hasher.hash_one(&entries[id as usize].as_ref().expect("indexed").key)
+        });
+        self.timeline.file(id, due_at(deadline));
+    }
+
+    /// Takes entry `id` out of the index and the table (not the timeline).
+    fn forget(&mut self, id: u32) -> Entry<K, V> {
+        let entry = self.entries[id as usize].take().expect("a live entry");
+        if let Ok(found) = self
+            .index
+            .find_entry(self.hasher.hash_one(&entry.key), |&other| other == id)
+        {
+            found.remove();
+        }
+        self.free_ids.push(id);
+        entry
+    }
+
+    fn remove(&mut self, key: &K, ctx: &mut Ctx<'_>) -> Option<V> {
+        let id = self.find(key)?;
+        self.timeline.unfile(id);
+        ctx.delta.cancelled += 1;
+        Some(self.forget(id).value)
+    }
+
+    fn deliver(&self, entry: Entry<K, V>, shutdown: bool, shared: &Shared) {
+        let Entry {
+            key,
+            value,
+            deadline,
+        } = entry;
+        let expiry = Expiry {
+            key,
+            value,
+            deadline,
+            shutdown,
+        };
+        if self.expirations.send(expiry).is_ok() {
+            shared
+                .counters
+                .expirations_backlog
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<K, V> Machine for KeyedMachine<K, V>
+where
+    K: Eq + Hash + Send + 'static,
+    V: Send + 'static,
+{
+    type Command = KeyedCommand<K, V>;
+
+    fn apply(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
+        match command {
+            KeyedCommand::Set {
+                key,
+                value,
+                deadline,
+            } => {
+                ctx.delta.inserted += 1;
+                match self.find(&key) {
+                    Some(id) => {
+                        // Replaced: the old entry counts as cancelled, the new as inserted.
+                        ctx.delta.cancelled += 1;
+                        let entry = self.entries[id as usize].as_mut().expect("indexed");
+                        entry.value = value;
+                        entry.deadline = deadline;
+                        self.timeline.file(id, due_at(deadline));
+                    }
+                    None => self.insert(key, value, deadline),
+                }
+            }
+            KeyedCommand::Reset { key, deadline } => {
+                if let Some(id) = self.find(&key) {
+                    self.entries[id as usize]
+                        .as_mut()
+                        .expect("indexed")
+                        .deadline = deadline;
+                    self.timeline.advance_to(id, due_at(deadline));
+                    ctx.delta.rescheduled += 1;
+                }
+            }
+            KeyedCommand::Remove(key) => {
+                self.remove(&key, ctx);
+            }
+            KeyedCommand::Take(key, reply) => {
+                let _ = reply.send(self.remove(&key, ctx));
+            }
+            KeyedCommand::Drain(reply) => {
+                let ids: Vec<u32> = self.timeline.drain().collect();
+                ctx.delta.cancelled += ids.len() as u64;
+                let drained = ids
+                    .into_iter()
+                    .map(|id| {
+                        let entry = self.forget(id);
+                        (entry.key, entry.value)
+                    })
+                    .collect();
+                let _ = reply.send(drained);
+            }
+            KeyedCommand::Len(reply) => {
+                let _ = reply.send(self.index.len());
+            }
+        }
+    }
+
+    fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
+        let mut due = Vec::new();
+        let entries = &self.entries;
+        let shown = self.timeline.expire(now, budget, |id| {
+            let deadline = due_at(entries[id as usize].as_ref().expect("filed").deadline);
+            if deadline <= now {
+                due.push(id);
+                Verdict::Done
+            } else {
+                Verdict::Later(deadline)
+            }
+        });
+        for id in due {
+            let entry = self.forget(id);
+            ctx.delta.record_fire(due_at(entry.deadline), now);
+            self.deliver(entry, false, ctx.shared);
+        }
+        shown
+    }
+
+    fn next_wake(&self) -> Option<u64> {
+        self.timeline.next_wake()
+    }
+
+    fn len(&self) -> usize {
+        self.timeline.len()
+    }
+
+    fn moves(&self) -> Moves {
+        self.timeline.moves()
+    }
+
+    fn shut_down(&mut self, ctx: &mut Ctx<'_>) {
+        let ids: Vec<u32> = self.timeline.drain().collect();
+        ctx.delta.cancelled += ids.len() as u64;
+        for id in ids {
+            let entry = self.forget(id);
+            self.deliver(entry, true, ctx.shared);
+        }
+    }
+
+    fn turn_done(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) {
+        if self.index.is_empty() && self.entries.capacity() > RETAINED_ENTRIES {
+            self.entries = Vec::new();
+            self.free_ids = Vec::new();
+            self.index = HashTable::new();
+            self.timeline.shrink(0, 0);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The wheel's pool of timer slots: the shared state of every sleep and job, without an
+//! allocation per timer.
+//!
+//! A [`Slot`] is a timer's [`TimerWord`] and the waker of the task waiting on it: 32 bytes.
+//! Slots are named by dense `u32` indices, which double as the timers' ids in the actor's
+//! wheel, so the actor needs no table from timers to wheel positions.
+//!
+//! Who may touch a slot, and when, is a protocol rather than a reference count:
+//!
+//! - a handle takes a free index from its inbox shard (under the shard's lock) and owns the
+//!   slot until it sends the actor a `Release` for it; it never touches the slot afterwards;
+//! - the actor touches a slot only while the timer is filed in its wheel, and returns the index
+//!   to a shard's free list when both the handle has released it and the wheel no longer holds
+//!   it.
+//!
+//! The slots live in segments that double in size (1024, 2048, 4096, … slots), each allocated
+//! once and never moved, so a handle reaches its slot with one atomic load and no lock. After a
+//! flood, when no slot at all is in use (every shard's lock held, so none can be taken), the
+//! actor frees the segments beyond the first few: memory returns to its baseline.
+
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+use futures::task::AtomicWaker;
+
+use super::state::TimerWord;
+
+/// Slots in the first segment; segment `k` holds `FIRST << k`.
+const FIRST: u32 = 1024;
+/// Segments that fit in `u32` indices: `FIRST * (2^22 - 1)` < 2^32.
+const SEGMENTS: usize = 22;
+
+/// A timer's shared state.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    pub(crate) word: TimerWord,
+    pub(crate) waker: AtomicWaker,
+}
+
+/// Segment `k` and the offset within it of slot `index`.
+fn locate(index: u32) -> (usize, usize) {
+    let shifted = u64::from(index) + u64::from(FIRST);
+    let segment = (63 - shifted.leading_zeros()) as usize - FIRST.trailing_zeros() as usize;
+    let offset = shifted - (u64::from(FIRST) << segment);
+    (segment, offset as usize)
+}
+
+/// The first index of segment `k`.
+fn segment_start(segment: usize) -> u32 {
+    FIRST * ((1u32 << segment) - 1)
+}
+
+fn segment_len(segment: usize) -> usize {
+    (FIRST as usize) << segment
+}
+
+/// Growable, shrinkable storage of [`Slot`]s with lock-free access by index.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    /// Segment `k` is null or a leaked `Box<[Slot]>` of `segment_len(k)` slots.
+    segments: [AtomicPtr<Slot>; SEGMENTS],
+    /// Segments allocated; grows and shrinks under `resize`.
+    allocated: AtomicU32,
+    resize: Mutex<()>,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool {
+            segments: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+            allocated: AtomicU32::new(0),
+            resize: Mutex::new(()),
+        }
+    }
+}
+
+impl Pool {
+    /// The slot at `index`.
+    ///
+    /// The caller must hold `index` under the protocol of the [module docs](self): taken from
+    /// a free list and not yet released (a handle), or filed in the wheel (the actor).
+    ///
+    /// # Panics
+    ///
+    /// If no segment holds `index`, which the protocol rules out.
+    pub(crate) fn get(&self, index: u32) -> &Slot {
+        let (segment, offset) = locate(index);
+        let base = self.segments[segment].load(Ordering::Acquire);
+        assert!(
+            !base.is_null(),
+            "tokio-wheel: timer slot {index} is not allocated"
+        );
+        // SAFETY: `base` came from `Box::<[Slot]>::into_raw` of `segment_len(segment)` slots
+        // (see `grow`) and `offset < segment_len(segment)` by `locate`. The segment is freed
+        // only by `shrink`, whose caller guarantees that no index in it is held by anyone, and
+        // the caller of `get` holds `index`: the segment outlives this borrow.
+        unsafe { &*base.add(offset) }
+    }
+
+    /// Slots allocated.
+    pub(crate) fn capacity(&self) -> u32 {
+        let segments = self.allocated.load(Ordering::Acquire) as usize;
+        segment_start(segments)
+    }
+
+    /// Allocates the next segment and returns its indices, or `None` if every index is taken.
+    pub(crate) fn grow(&self) -> Option<Range<u32>> {
+        let _resize = self.resize.lock().unwrap_or_else(|e| e.into_inner());
+        let segment = self.allocated.load(Ordering::Acquire) as usize;
+        if segment == SEGMENTS {
+            return None;
+        }
+        let slots: Box<[Slot]> = (0..segment_len(segment)).map(|_| Slot::default()).collect();
+        self.segments[segment].store(Box::into_raw(slots).cast::<Slot>(), Ordering::Release);
+        self.allocated.store(segment as u32 + 1, Ordering::Release);
+        let start = segment_start(segment);
+        Some(start..start + segment_len(segment) as u32)
+    }
+
+    /// Frees every segment past the first `keep`, returning the new capacity.
+    ///
+    /// # Safety
+    ///
+    /// No index at or past the new capacity may be held (by a handle or the actor) or be
+    /// obtainable (in any free list) during or after this call, until `grow` hands it out
+    /// again.
+    pub(crate) unsafe fn shrink(&self, keep: usize) -> u32 {
+        let _resize = self.resize.lock().unwrap_or_else(|e| e.into_inner());
+        let allocated = self.allocated.load(Ordering::Acquire) as usize;
+        for segment in keep..allocated {
+            let base = self.segments[segment].swap(std::ptr::null_mut(), Ordering::AcqRel);
+            let slots = std::ptr::slice_from_raw_parts_mut(base, segment_len(segment));
+            // SAFETY: `base` came from `Box::<[Slot]>::into_raw` with this length in `grow`,
+            // it was swapped out so it is freed once, and the caller guarantees nobody holds
+            // or can obtain an index in it.
+            drop(unsafe { Box::from_raw(slots) });
+        }
+        let kept = keep.min(allocated);
+        self.allocated.store(kept as u32, Ordering::Release);
+        segment_start(kept)
+    }
+
+    /// How many segments hold at most `slots` slots.
+    pub(crate) fn segments_within(slots: u32) -> usize {
+        (0..SEGMENTS)
+            .take_while(|&k| segment_start(k + 1) <= slots)
+            .count()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: nobody else can hold an index.
+        unsafe { self.shrink(0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_thirty_two_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
+    }
+
+    #[test]
+    fn indices_map_onto_doubling_segments() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(1023), (0, 1023));
+        assert_eq!(locate(1024), (1, 0));
+        assert_eq!(locate(3071), (1, 2047));
+        assert_eq!(locate(3072), (2, 0));
+        assert_eq!(
+            locate(u32::MAX - 2000),
+            (21, (u32::MAX - 2000 - segment_start(21)) as usize)
+        );
+        assert_eq!(segment_start(SEGMENTS) as u64, 1024 * ((1u64 << 22) - 1));
+    }
+
+    #[test]
+    fn grow_hands_out_each_segment_and_shrink_frees_them() {
+        let pool = Pool::default();
+        assert_eq!(pool.grow(), Some(0..1024));
+        assert_eq!(pool.grow(), Some(1024..3072));
+        assert_eq!(pool.capacity(), 3072);
+        pool.get(3000).word.arm(7);
+        assert_eq!(pool.get(3000).word.deadline(), 7);
+        assert_eq!(Pool::segments_within(1024), 1);
+        assert_eq!(Pool::segments_within(5000), 2);
+        // SAFETY: no index is held.
+        assert_eq!(unsafe { pool.shrink(1) }, 1024);
+        assert_eq!(pool.capacity(), 1024);
+        assert_eq!(pool.grow(), Some(1024..3072));
+        assert_eq!(
+            pool.get(3000).word.deadline(),
+            0,
+            "a regrown segment is fresh"
+        );
+    }
+}

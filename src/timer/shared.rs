@@ -1,0 +1,86 @@
+//! What every actor of a wheel and every handle share: the clock, the runtime, the timer pool,
+//! the counters and the wheel's lifecycle.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use super::clock::Clock;
+use super::counters::Counters;
+use super::pool::Pool;
+
+/// A wheel's shared state. Actors hold it (never a `Wheel` handle), so a wheel's command
+/// queues close when its last handle goes.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) clock: Clock,
+    /// Where the actors and jobs run.
+    pub(crate) runtime: Handle,
+    /// Slots per wheel level, for every actor's wheel.
+    pub(crate) levels: Vec<u32>,
+    /// The shared state of sleeps and jobs.
+    pub(crate) pool: Pool,
+    pub(crate) counters: Counters,
+    /// Set once the wheel stops; new timers are refused from then on.
+    closed: AtomicBool,
+    /// Tells the actors to stop.
+    shutdown: watch::Sender<bool>,
+    /// Actors not yet stopped.
+    live_actors: watch::Sender<usize>,
+}
+
+impl Shared {
+    pub(crate) fn new(name: String, clock: Clock, runtime: Handle, levels: Vec<u32>) -> Self {
+        Shared {
+            name,
+            clock,
+            runtime,
+            levels,
+            pool: Pool::default(),
+            counters: Counters::default(),
+            closed: AtomicBool::new(false),
+            shutdown: watch::Sender::new(false),
+            live_actors: watch::Sender::new(0),
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Refuses new timers from now on; `true` the first time.
+    pub(crate) fn close(&self) -> bool {
+        !self.closed.swap(true, Ordering::AcqRel)
+    }
+
+    /// Asks every actor to stop (after [`close`](Self::close)).
+    pub(crate) fn request_shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    /// A receiver that sees the shutdown request.
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    pub(crate) fn actor_started(&self) {
+        self.live_actors.send_modify(|live| *live += 1);
+    }
+
+    pub(crate) fn actor_stopped(&self) {
+        self.live_actors.send_modify(|live| *live -= 1);
+    }
+
+    pub(crate) fn live_actors(&self) -> usize {
+        *self.live_actors.borrow()
+    }
+
+    /// Completes once no actor is running.
+    pub(crate) async fn actors_stopped(&self) {
+        let mut live = self.live_actors.subscribe();
+        // The sender lives in `self`, so this cannot fail while we hold it.
+        let _ = live.wait_for(|live| *live == 0).await;
+    }
+}
