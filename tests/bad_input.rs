@@ -123,3 +123,33 @@ async fn a_huge_tick_is_clamped_by_the_layout_not_by_a_panic() {
         "{took:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_past_the_range_never_fires_even_with_the_finest_tick() {
+    const YEAR: Duration = Duration::from_secs(365 * 86_400);
+    let wheel = Wheel::builder().tick(Duration::from_nanos(1)).build();
+    let start = Instant::now();
+    let century = start + YEAR * 100;
+    let mut far = wheel.sleep_until(century);
+    assert!(poll_once(&mut far).is_pending());
+    let job = wheel.spawn_at(century, async { "never" });
+    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+    timers.set_at(1, 1, century);
+    let mut within = wheel.sleep_until(start + YEAR * 72);
+    assert!(poll_once(&mut within).is_pending());
+    settle().await;
+
+    tokio::time::advance(YEAR * 75).await;
+    settle().await;
+    assert!(
+        poll_once(&mut within).is_ready(),
+        "72 years is within the range"
+    );
+    assert!(
+        poll_once(&mut far).is_pending(),
+        "fired at the end of the range, early"
+    );
+    assert!(!job.is_finished());
+    assert!(poll_once(expired.next()).is_pending());
+    assert_eq!(wheel.stats().fired, 1);
+}

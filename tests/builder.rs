@@ -115,3 +115,26 @@ async fn the_name_shows_in_debug_and_stats() {
     assert!(format!("{wheel:?}").contains("conn-expiry"));
     assert_eq!(wheel.stats().name, "conn-expiry");
 }
+
+#[test]
+fn a_runtime_without_the_time_driver_is_a_build_error() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let error = Wheel::builder()
+        .runtime(runtime.handle().clone())
+        .try_build()
+        .unwrap_err();
+    assert_eq!(error, BuildError::NoTimeDriver);
+    assert!(error.to_string().contains("enable_time"), "{error}");
+    let inside = runtime.block_on(async { Wheel::builder().try_build().unwrap_err() });
+    assert_eq!(inside, BuildError::NoTimeDriver);
+    let panic =
+        std::panic::catch_unwind(|| Wheel::builder().runtime(runtime.handle().clone()).build())
+            .unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("tokio-wheel") && message.contains("enable_time"),
+        "{message}"
+    );
+}

@@ -194,3 +194,40 @@ fn job_handles_are_send() {
     support::assert_send::<JobHandle<String>>();
     support::assert_unpin::<JobHandle<String>>();
 }
+
+#[test]
+fn is_finished_is_true_as_soon_as_awaiting_the_handle_returns() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let wheel = Wheel::new();
+        let mut jobs: Vec<JobHandle<usize>> = (0..20_000)
+            .map(|i| wheel.spawn_after(Duration::from_micros(i as u64 % 500), async move { i }))
+            .collect();
+        for (i, job) in jobs.iter_mut().enumerate() {
+            assert_eq!((&mut *job).await, Ok(i));
+            assert!(job.is_finished(), "job {i}: awaited, yet not finished");
+        }
+    });
+}
+
+#[test]
+fn a_job_whose_runtime_is_gone_is_finished_and_says_shutdown() {
+    let actor_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wheel = Wheel::builder()
+        .runtime(actor_runtime.handle().clone())
+        .build();
+    let pending = wheel.spawn_after(Duration::from_secs(60), async { 1 });
+    drop(actor_runtime);
+    assert!(pending.is_finished());
+    assert_eq!(
+        futures::executor::block_on(pending),
+        Err(JobError::Shutdown)
+    );
+}

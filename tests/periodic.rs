@@ -195,3 +195,36 @@ async fn reschedule_moves_the_next_run() {
 async fn a_zero_period_panics_with_a_clear_message() {
     drop(Wheel::new().spawn_every(Duration::ZERO, Schedule::FixedDelay, || async {}));
 }
+
+#[tokio::test(start_paused = true)]
+async fn fixed_rate_does_not_skip_the_slot_a_run_ends_on() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let runs = Runs::default();
+    let job = wheel.spawn_every(
+        PERIOD,
+        Schedule::FixedRate,
+        recorder(start, PERIOD, runs.clone()),
+    );
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    job.cancel();
+    // tokio's Interval with Skip: 100, 200, 300, 400 — not 100, 300.
+    assert_eq!(*runs.lock().unwrap(), [100, 200, 300, 400]);
+}
+
+#[test]
+fn a_periodic_job_whose_runtime_is_gone_is_finished() {
+    let actor_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wheel = Wheel::builder()
+        .runtime(actor_runtime.handle().clone())
+        .build();
+    let job = wheel.spawn_every(PERIOD, Schedule::FixedDelay, || async {});
+    assert!(!job.is_finished());
+    drop(actor_runtime);
+    assert!(job.is_finished(), "awaiting it would return at once");
+    let result = futures::executor::block_on(job);
+    assert_eq!(result, Err(JobError::Shutdown));
+}

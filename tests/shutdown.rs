@@ -223,3 +223,122 @@ fn the_actor_runtime_shutting_down_acts_as_shutdown() {
     });
     assert!(!ran.load(Ordering::SeqCst));
 }
+
+#[tokio::test(start_paused = true)]
+async fn keyed_commands_queued_before_shutdown_are_applied_before_the_flush() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<&str, u8>();
+    timers.set("a", 1, LONG);
+    assert_eq!(timers.len().await, 1, "a is applied");
+    // Queued, not yet applied, when shutdown is called.
+    timers.remove(&"a");
+    timers.set("b", 2, LONG);
+    timers.set("c", 3, LONG);
+    timers.reset(&"c", LONG * 2);
+    timers.remove(&"c");
+    wheel.shutdown().await;
+    let mut flushed = Vec::new();
+    while let Some(e) = expired.next().await {
+        assert!(e.is_shutdown());
+        flushed.push(e.into_parts());
+    }
+    assert_eq!(flushed, [("b", 2)], "a and c were removed; b was set");
+    timers.set("d", 4, LONG);
+    assert_eq!(timers.len().await, 0, "set after shutdown is refused");
+}
+
+/// Sets `n` keys (removing every tenth right after) from a separate thread, without waiting
+/// for the actor. Returns the keys that must be delivered.
+fn set_from_a_thread(timers: tokio_wheel::Timers<u32, u32>, n: u32) -> Vec<u32> {
+    std::thread::spawn(move || {
+        for key in 0..n {
+            timers.set(key, key * 2, LONG);
+            if key % 10 == 0 {
+                timers.remove(&key);
+            }
+        }
+        (0..n).filter(|key| key % 10 != 0).collect()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Reads every expiration, checking each is a shutdown flush carrying its value; returns the
+/// keys, sorted.
+async fn read_flush(expired: &mut tokio_wheel::Expirations<u32, u32>) -> Vec<u32> {
+    let mut keys = Vec::new();
+    while let Some(e) = expired.next().await {
+        assert!(
+            e.is_shutdown(),
+            "{:?} expired instead of being flushed",
+            e.key()
+        );
+        let (key, value) = e.into_parts();
+        assert_eq!(value, key * 2);
+        keys.push(key);
+    }
+    keys.sort_unstable();
+    keys
+}
+
+#[test]
+fn twenty_thousand_keyed_entries_set_just_before_shutdown_are_each_delivered_once() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let wheel = Wheel::new();
+        let (timers, mut expired) = wheel.keyed::<u32, u32>();
+        let expected = set_from_a_thread(timers.clone(), 20_000);
+        // The sets returned; most are still queued when shutdown begins.
+        wheel.shutdown().await;
+        assert_eq!(read_flush(&mut expired).await, expected);
+        let s = wheel.stats();
+        assert_eq!(s.inserted, s.fired + s.cancelled + s.pending, "{s:?}");
+        assert_eq!(s.pending, 0);
+    });
+}
+
+#[test]
+fn twenty_thousand_keyed_entries_in_flight_when_the_runtime_dies_are_each_delivered_once() {
+    for flavor in ["current_thread", "multi_thread"] {
+        let actor_runtime = match flavor {
+            "current_thread" => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            _ => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+        };
+        let wheel = Wheel::builder()
+            .runtime(actor_runtime.handle().clone())
+            .build();
+        let (timers, mut expired) = wheel.keyed::<u32, u32>();
+        let sleep = wheel.sleep(LONG);
+        let job = wheel.spawn_after(LONG, async { 1 });
+        let expected = set_from_a_thread(timers.clone(), 20_000);
+        drop(actor_runtime);
+
+        let reader = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        reader.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                assert_eq!(read_flush(&mut expired).await, expected, "{flavor}");
+                assert!(wheel.is_shutdown());
+                sleep.await;
+                assert_eq!(job.await, Err(JobError::Shutdown));
+                timers.set(1, 1, LONG);
+                assert_eq!(timers.len().await, 0);
+            })
+            .await
+            .expect("something hung after the runtime died");
+        });
+    }
+}

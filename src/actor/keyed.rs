@@ -2,8 +2,12 @@
 //!
 //! Every command reaches the set's actor through a single-shard inbox, so commands from every
 //! handle apply in the order they were made. The actor keeps each entry once (key, value and
-//! exact deadline, in a table indexed by id) and finds ids by key through a hash table of ids
-//! that compares keys in that table: an entry costs its key and value plus about 30 bytes.
+//! exact deadline, in a table indexed by id) and finds ids by key through hash tables of ids
+//! that compare keys in that table: an entry costs its key and value plus about 30 bytes.
+//!
+//! Both structures grow without long pauses, so a flood into a big set never stalls the actor
+//! (and its runtime) for long: entries live in fixed-size chunks (growing never copies them),
+//! and the index is split into [`INDEX_SHARDS`] tables, so a resize rehashes a small fraction.
 //!
 //! Postponing is lazy: moving a key's deadline later only rewrites the entry's deadline; when
 //! the old tick comes, the actor files the entry again for the new one.
@@ -21,8 +25,10 @@ use super::{Ctx, Machine};
 use crate::timer::clock::Clock;
 use crate::timer::shared::Shared;
 
-/// Entries' worth of capacity an idle set keeps; more is given back after a burst.
-const RETAINED_ENTRIES: usize = 4 * 1024;
+/// Entries per chunk of the entry table.
+const CHUNK: usize = 4 * 1024;
+/// Hash tables the index is split into.
+const INDEX_SHARDS: usize = 64;
 
 /// What a keyed set's handles ask of its actor. Deadlines are signed offsets from the wheel's
 /// origin (negative before it), so an expiration reports the deadline exactly as it was set.
@@ -57,13 +63,119 @@ fn due_at(deadline: i64) -> u64 {
     deadline.max(0) as u64
 }
 
+/// [`CHUNK`] entries; `None` for free ids.
+type Chunk<K, V> = Box<[Option<Entry<K, V>>]>;
+
+/// Entries by id, in fixed-size chunks.
+struct Entries<K, V> {
+    chunks: Vec<Chunk<K, V>>,
+    /// Ids below this have been handed out at least once.
+    high: u32,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<K, V> Entries<K, V> {
+    fn new() -> Self {
+        Entries {
+            chunks: Vec::new(),
+            high: 0,
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn slot(&self, id: u32) -> &Option<Entry<K, V>> {
+        &self.chunks[id as usize / CHUNK][id as usize % CHUNK]
+    }
+
+    fn slot_mut(&mut self, id: u32) -> &mut Option<Entry<K, V>> {
+        &mut self.chunks[id as usize / CHUNK][id as usize % CHUNK]
+    }
+
+    fn get(&self, id: u32) -> &Entry<K, V> {
+        self.slot(id).as_ref().expect("a live entry")
+    }
+
+    fn get_mut(&mut self, id: u32) -> &mut Entry<K, V> {
+        self.slot_mut(id).as_mut().expect("a live entry")
+    }
+
+    fn insert(&mut self, entry: Entry<K, V>) -> u32 {
+        let id = self.free.pop().unwrap_or_else(|| {
+            if self.high as usize == self.chunks.len() * CHUNK {
+                self.chunks.push((0..CHUNK).map(|_| None).collect());
+            }
+            self.high += 1;
+            self.high - 1
+        });
+        *self.slot_mut(id) = Some(entry);
+        self.len += 1;
+        id
+    }
+
+    fn remove(&mut self, id: u32) -> Entry<K, V> {
+        let entry = self.slot_mut(id).take().expect("a live entry");
+        self.free.push(id);
+        self.len -= 1;
+        entry
+    }
+
+    /// Gives every chunk back, once empty.
+    fn release_if_empty(&mut self) {
+        if self.len == 0 && self.high > 0 {
+            *self = Entries::new();
+        }
+    }
+}
+
+/// Ids by key, in [`INDEX_SHARDS`] hash tables chosen by hash bits the tables themselves do not
+/// use for placement.
+struct Index {
+    shards: Box<[HashTable<u32>]>,
+    len: usize,
+}
+
+impl Index {
+    fn new() -> Self {
+        Index {
+            shards: (0..INDEX_SHARDS).map(|_| HashTable::new()).collect(),
+            len: 0,
+        }
+    }
+
+    fn shard(hash: u64) -> usize {
+        (hash >> 32) as usize % INDEX_SHARDS
+    }
+
+    fn find(&self, hash: u64, eq: impl FnMut(&u32) -> bool) -> Option<u32> {
+        self.shards[Self::shard(hash)].find(hash, eq).copied()
+    }
+
+    fn insert(&mut self, hash: u64, id: u32, rehash: impl Fn(&u32) -> u64) {
+        self.shards[Self::shard(hash)].insert_unique(hash, id, rehash);
+        self.len += 1;
+    }
+
+    fn remove(&mut self, hash: u64, id: u32) {
+        if let Ok(found) = self.shards[Self::shard(hash)].find_entry(hash, |&other| other == id) {
+            found.remove();
+            self.len -= 1;
+        }
+    }
+
+    fn release_if_empty(&mut self) {
+        if self.len == 0 && self.shards.iter().any(|shard| shard.capacity() > 0) {
+            *self = Index::new();
+        }
+    }
+}
+
 pub(crate) struct KeyedMachine<K, V> {
     timeline: Timeline,
-    /// Entries by id; `None` for free ids.
-    entries: Vec<Option<Entry<K, V>>>,
-    free_ids: Vec<u32>,
+    entries: Entries<K, V>,
     /// Ids by key. Only the live entry of a key is indexed.
-    index: HashTable<u32>,
+    index: Index,
     hasher: foldhash::fast::RandomState,
     expirations: mpsc::UnboundedSender<Expiry<K, V>>,
 }
@@ -80,9 +192,8 @@ where
     ) -> Self {
         KeyedMachine {
             timeline: Timeline::new(levels, clock),
-            entries: Vec::new(),
-            free_ids: Vec::new(),
-            index: HashTable::new(),
+            entries: Entries::new(),
+            index: Index::new(),
             // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
             hasher: foldhash::fast::RandomState::default(),
             expirations,
@@ -91,43 +202,31 @@ where
 
     fn find(&self, key: &K) -> Option<u32> {
         let entries = &self.entries;
-        self.index
-            .find(self.hasher.hash_one(key), |&id| {
-                entries[id as usize]
-                    .as_ref()
-                    .is_some_and(|entry| entry.key == *key)
-            })
-            .copied()
+        self.index.find(self.hasher.hash_one(key), |&id| {
+            entries
+                .slot(id)
+                .as_ref()
+                .is_some_and(|entry| entry.key == *key)
+        })
     }
 
     fn insert(&mut self, key: K, value: V, deadline: i64) {
-        let id = self.free_ids.pop().unwrap_or_else(|| {
-            self.entries.push(None);
-            (self.entries.len() - 1) as u32
-        });
         let hash = self.hasher.hash_one(&key);
-        self.entries[id as usize] = Some(Entry {
+        let id = self.entries.insert(Entry {
             key,
             value,
             deadline,
         });
         let (entries, hasher) = (&self.entries, &self.hasher);
-        self.index.insert_unique(hash, id, |&id| {
-            hasher.hash_one(&entries[id as usize].as_ref().expect("indexed").key)
-        });
+        self.index
+            .insert(hash, id, |&id| hasher.hash_one(&entries.get(id).key));
         self.timeline.file(id, due_at(deadline));
     }
 
     /// Takes entry `id` out of the index and the table (not the timeline).
     fn forget(&mut self, id: u32) -> Entry<K, V> {
-        let entry = self.entries[id as usize].take().expect("a live entry");
-        if let Ok(found) = self
-            .index
-            .find_entry(self.hasher.hash_one(&entry.key), |&other| other == id)
-        {
-            found.remove();
-        }
-        self.free_ids.push(id);
+        let entry = self.entries.remove(id);
+        self.index.remove(self.hasher.hash_one(&entry.key), id);
         entry
     }
 
@@ -178,7 +277,7 @@ where
                     Some(id) => {
                         // Replaced: the old entry counts as cancelled, the new as inserted.
                         ctx.delta.cancelled += 1;
-                        let entry = self.entries[id as usize].as_mut().expect("indexed");
+                        let entry = self.entries.get_mut(id);
                         entry.value = value;
                         entry.deadline = deadline;
                         self.timeline.file(id, due_at(deadline));
@@ -188,10 +287,7 @@ where
             }
             KeyedCommand::Reset { key, deadline } => {
                 if let Some(id) = self.find(&key) {
-                    self.entries[id as usize]
-                        .as_mut()
-                        .expect("indexed")
-                        .deadline = deadline;
+                    self.entries.get_mut(id).deadline = deadline;
                     self.timeline.advance_to(id, due_at(deadline));
                     ctx.delta.rescheduled += 1;
                 }
@@ -215,7 +311,7 @@ where
                 let _ = reply.send(drained);
             }
             KeyedCommand::Len(reply) => {
-                let _ = reply.send(self.index.len());
+                let _ = reply.send(self.index.len);
             }
         }
     }
@@ -224,7 +320,7 @@ where
         let mut due = Vec::new();
         let entries = &self.entries;
         let shown = self.timeline.expire(now, budget, |id| {
-            let deadline = due_at(entries[id as usize].as_ref().expect("filed").deadline);
+            let deadline = due_at(entries.get(id).deadline);
             if deadline <= now {
                 due.push(id);
                 Verdict::Done
@@ -262,11 +358,10 @@ where
     }
 
     fn turn_done(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) {
-        if self.index.is_empty() && self.entries.capacity() > RETAINED_ENTRIES {
-            self.entries = Vec::new();
-            self.free_ids = Vec::new();
-            self.index = HashTable::new();
-            self.timeline.shrink(0, 0);
+        if self.entries.len == 0 {
+            self.entries.release_if_empty();
+            self.index.release_if_empty();
+            self.timeline.shrink(0, CHUNK);
         }
     }
 }

@@ -41,7 +41,7 @@ use crate::timer::counters::Delta;
 use crate::timer::shared::Shared;
 
 /// Commands applied between two looks at the turn's time budget.
-const SLICE: usize = 1024;
+const SLICE: usize = 128;
 /// Real time a turn first spends applying commands before it fires what is due and yields.
 /// While a backlog lasts, each stretch doubles, up to [`MAX_TURN_BUDGET`]: the actor keeps up
 /// with producers on its own runtime, and other tasks still run every few milliseconds.

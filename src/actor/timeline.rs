@@ -33,6 +33,9 @@ pub(crate) struct Timeline {
     clock: Clock,
     /// Timers filed again because their deadline had moved later than their tick.
     refiled: u64,
+    /// The earliest exact deadline among the parked timers (a lower bound: a parked timer
+    /// that left early may have set it).
+    parked_min: u64,
 }
 
 impl Timeline {
@@ -41,6 +44,7 @@ impl Timeline {
             cascade: Cascade::new(levels),
             clock,
             refiled: 0,
+            parked_min: NEVER,
         }
     }
 
@@ -99,13 +103,11 @@ impl Timeline {
         self.cascade.shrink(ids, keep);
     }
 
-    /// The offset the actor should next wake at, if anything is filed: when the parked timers'
-    /// tick begins, or when the next tick's window opens.
+    /// The offset the actor should next wake at, if anything is filed: the earliest exact
+    /// deadline of the parked timers, or when the next tick's window opens. Waking at exact
+    /// deadlines lets tokio's timer round each once, as it would its own `Sleep`.
     pub(crate) fn next_wake(&self) -> Option<u64> {
-        let parked = self
-            .cascade
-            .first_parked()
-            .map(|_| self.clock.tick_start(self.cascade.now()));
+        let parked = self.cascade.first_parked().map(|_| self.parked_min);
         let next = self
             .cascade
             .next_expiration()
@@ -135,8 +137,11 @@ impl Timeline {
         let mut shown = 0;
 
         let mut parked = self.cascade.first_parked();
+        let mut parked_min = NEVER;
         while let Some(id) = parked {
             if shown == budget {
+                // Not all seen: keep the old bound, which is no later than theirs.
+                self.parked_min = self.parked_min.min(parked_min);
                 return shown;
             }
             parked = self.cascade.next_parked(id);
@@ -150,10 +155,13 @@ impl Timeline {
                     if tick > target {
                         self.cascade.reschedule(id, tick);
                         self.refiled += 1;
+                    } else {
+                        parked_min = parked_min.min(deadline);
                     }
                 }
             }
         }
+        self.parked_min = parked_min;
 
         while shown < budget {
             let Some((id, _)) = self.cascade.poll_expired(target) else {
@@ -168,6 +176,7 @@ impl Timeline {
                 } else {
                     // Due within the open window, but not yet by its exact deadline.
                     self.cascade.park(id);
+                    self.parked_min = self.parked_min.min(deadline);
                 }
             }
         }
@@ -213,8 +222,8 @@ mod tests {
         // The window of tick 6 opens just after 5 ms.
         assert_eq!(timeline.next_wake(), Some(5 * MS + 1));
         assert!(fire(&mut timeline, 5 * MS + 1, &deadlines).is_empty());
-        // Both are parked; wake again at the tick's start at the latest.
-        assert_eq!(timeline.next_wake(), Some(6 * MS));
+        // Both are parked; wake again at the earlier exact deadline.
+        assert_eq!(timeline.next_wake(), Some(5 * MS + 300));
         assert_eq!(fire(&mut timeline, 5 * MS + 500, &deadlines), [0]);
         assert_eq!(fire(&mut timeline, 6 * MS, &deadlines), [1]);
         assert_eq!(timeline.len(), 0);

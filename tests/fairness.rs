@@ -1,0 +1,135 @@
+//! The actor is a good citizen of its runtime: while other threads flood the wheel with
+//! commands, a 10 ms heartbeat on the wheel's runtime never sees a gap over 100 ms, and a job
+//! due meanwhile still starts on time — on a current-thread runtime (where the actor shares
+//! the one thread with everything else) and on a multi-thread one.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_wheel::Wheel;
+
+const FLOOD: Duration = Duration::from_millis(1_500);
+const KEYS: u64 = 1_000_000;
+const MAX_GAP: Duration = Duration::from_millis(100);
+
+/// Floods `wheel` from two threads until `stop`: one sets and resets keyed timers over a
+/// million keys, the other registers and drops sleeps. Returns the threads and a count of
+/// calls made.
+fn flood(
+    wheel: &Wheel,
+    runtime: &tokio::runtime::Handle,
+    stop: Arc<AtomicBool>,
+) -> (Vec<std::thread::JoinHandle<()>>, Arc<AtomicU64>) {
+    let calls = Arc::new(AtomicU64::new(0));
+    let (timers, expired) = {
+        let _entered = runtime.enter();
+        wheel.keyed::<u64, u64>()
+    };
+    drop(expired);
+    let keyed = {
+        let (stop, calls) = (stop.clone(), calls.clone());
+        std::thread::spawn(move || {
+            let mut key = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..1_000 {
+                    timers.set(key, key, Duration::from_secs(60));
+                    timers.reset(&(key / 2), Duration::from_secs(90));
+                    key = (key + 1) % KEYS;
+                }
+                calls.fetch_add(2_000, Ordering::Relaxed);
+            }
+        })
+    };
+    let sleeps = {
+        let (wheel, calls) = (wheel.clone(), calls.clone());
+        std::thread::spawn(move || {
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            let mut kept = Vec::with_capacity(1_000);
+            while !stop.load(Ordering::Relaxed) {
+                for i in 0..1_000u64 {
+                    let mut sleep = wheel.sleep(Duration::from_secs(30 + i));
+                    let _ = std::future::Future::poll(std::pin::Pin::new(&mut sleep), &mut cx);
+                    kept.push(sleep);
+                }
+                // Dropped after the actor has likely taken them: real cancels, not withdrawals.
+                kept.clear();
+                calls.fetch_add(2_000, Ordering::Relaxed);
+            }
+        })
+    };
+    (vec![keyed, sleeps], calls)
+}
+
+/// Beats every 10 ms for the flood's length, on the current runtime; returns the longest gap
+/// between beats and how late a job due 50 ms in started.
+async fn heartbeat_during_a_flood(wheel: Wheel) -> (Duration, Duration) {
+    let job_due = Instant::now() + Duration::from_millis(50);
+    let job = wheel.spawn_at(job_due, async move { job_due.elapsed() });
+    let mut worst = Duration::ZERO;
+    let mut last = Instant::now();
+    let until = last + FLOOD;
+    while last < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let now = Instant::now();
+        worst = worst.max(now - last);
+        last = now;
+    }
+    (worst, job.await.expect("the job ran"))
+}
+
+/// One flood at a time: two at once on two cores would measure the machine, not the actor.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn check(flavor: &str, runtime: tokio::runtime::Runtime) {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let wheel = Wheel::builder().runtime(runtime.handle().clone()).build();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flooders, calls) = flood(&wheel, runtime.handle(), stop.clone());
+    let beat = runtime.spawn(heartbeat_during_a_flood(wheel.clone()));
+    let (worst_gap, job_late) = runtime.block_on(beat).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for flooder in flooders {
+        flooder.join().unwrap();
+    }
+    let stats = wheel.stats();
+    eprintln!(
+        "{flavor}: {} calls; worst heartbeat gap {worst_gap:?}; job started {job_late:?} late; {} commands applied",
+        calls.load(Ordering::Relaxed),
+        stats.commands
+    );
+    assert!(
+        worst_gap <= MAX_GAP,
+        "{flavor}: heartbeat gap {worst_gap:?}"
+    );
+    assert!(
+        job_late <= MAX_GAP,
+        "{flavor}: the job started {job_late:?} late"
+    );
+    assert!(
+        stats.commands > 100_000,
+        "{flavor}: the flood was too light to mean anything"
+    );
+    runtime.block_on(wheel.shutdown());
+}
+
+#[test]
+fn a_current_thread_runtime_fed_from_other_threads_keeps_polling_its_tasks() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    check("current-thread", runtime);
+}
+
+#[test]
+fn a_multi_thread_runtime_fed_from_other_threads_keeps_polling_its_tasks() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    check("multi-thread", runtime);
+}

@@ -1,0 +1,222 @@
+//! tokio's semantics wherever the API is the same: `Sleep`, `timeout` and `Interval` side by
+//! side with tokio's own under paused time — `advance` then poll, `pause` inside a running
+//! runtime, auto-advance — completing at the same instants.
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::StreamExt;
+use support::{Rng, poll_once};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_wheel::Wheel;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Polls `future` once with a no-op waker, through a pin.
+fn poll_pinned<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    poll_once(Pin::new(future))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sleep_reset_to_the_past_is_ready_on_the_next_poll() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let mut sleep = wheel.sleep(ms(100));
+    assert!(poll_pinned(&mut sleep).is_pending(), "registered");
+    support::settle().await;
+    Pin::new(&mut sleep).reset(start - ms(1));
+    assert!(
+        poll_pinned(&mut sleep).is_ready(),
+        "registered, reset to the past"
+    );
+
+    // After it fired, too.
+    let mut fired = wheel.sleep(ms(10));
+    (&mut fired).await;
+    Pin::new(&mut fired).reset(Instant::now());
+    assert!(poll_pinned(&mut fired).is_ready(), "fired, reset to now");
+    Pin::new(&mut fired).reset(Instant::now() + ms(5));
+    assert!(poll_pinned(&mut fired).is_pending(), "re-armed for later");
+    assert!(!fired.is_elapsed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn advance_then_poll_completes_everything_due_without_extra_yields() {
+    let wheel = Wheel::new();
+    let mut sleep = wheel.sleep(ms(10));
+    let mut timeout = Box::pin(wheel.timeout(ms(10), std::future::pending::<()>()));
+    let mut interval = wheel.interval(ms(10));
+    assert!(
+        poll_once(interval.tick()).is_ready(),
+        "the first tick is immediate"
+    );
+    let mut tokio_sleep = Box::pin(tokio::time::sleep(ms(10)));
+    assert!(poll_pinned(&mut sleep).is_pending());
+    assert!(poll_once(timeout.as_mut()).is_pending());
+    assert!(poll_once(interval.tick()).is_pending());
+    assert!(poll_once(tokio_sleep.as_mut()).is_pending());
+
+    tokio::time::advance(ms(10)).await;
+    // No yield here: the actor may not have run since the clock moved.
+    assert!(poll_once(tokio_sleep.as_mut()).is_ready(), "tokio's own");
+    assert!(poll_pinned(&mut sleep).is_ready());
+    assert!(matches!(poll_once(timeout.as_mut()), Poll::Ready(Err(_))));
+    assert!(poll_once(interval.tick()).is_ready());
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_returns_every_overdue_tick_back_to_back_as_tokio_does() {
+    let wheel = Wheel::new();
+    let mut ours = wheel.interval(ms(10));
+    let mut theirs = tokio::time::interval(ms(10));
+    ours.tick().await;
+    theirs.tick().await;
+    let start = Instant::now();
+    tokio::time::advance(ms(35)).await;
+    for n in 1..=3 {
+        let Poll::Ready(tick) = poll_once(ours.tick()) else {
+            panic!("overdue tick {n} was pending");
+        };
+        let Poll::Ready(tokio_tick) = poll_once(theirs.tick()) else {
+            panic!("tokio's overdue tick {n} was pending");
+        };
+        assert_eq!(tick, tokio_tick);
+        assert_eq!(tick, start + ms(10 * n));
+    }
+    assert!(poll_once(ours.tick()).is_pending());
+    assert!(poll_once(theirs.tick()).is_pending());
+}
+
+/// When each of `delays` completes, from a common start: ours and tokio's, side by side, both
+/// driven by auto-advance.
+async fn completions(wheel: &Wheel, delays: &[Duration]) -> Vec<(Duration, Duration)> {
+    let start = Instant::now();
+    let tasks: Vec<_> = delays
+        .iter()
+        .map(|&delay| {
+            let ours = wheel.sleep(delay);
+            let ours = tokio::spawn(async move {
+                ours.await;
+                start.elapsed()
+            });
+            let theirs = tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                start.elapsed()
+            });
+            (ours, theirs)
+        })
+        .collect();
+    let mut done = Vec::new();
+    for (ours, theirs) in tasks {
+        done.push((ours.await.unwrap(), theirs.await.unwrap()));
+    }
+    done
+}
+
+#[tokio::test(start_paused = true)]
+async fn sleeps_complete_when_tokio_sleeps_with_the_same_deadline_do() {
+    let wheel = Wheel::new();
+    let mut rng = Rng(17);
+    let delays: Vec<Duration> = (0..300).map(|_| rng.millis(3_000)).collect();
+    for ((ours, theirs), delay) in completions(&wheel, &delays).await.into_iter().zip(&delays) {
+        assert!(ours >= *delay, "early: {delay:?} completed at {ours:?}");
+        assert_eq!(ours, theirs, "deadline {delay:?}");
+    }
+}
+
+#[test]
+fn pause_inside_a_running_runtime_rounds_deadlines_once_as_tokio_does() {
+    // Each round leaves tokio's millisecond grid at another phase before pausing the clock,
+    // with one wheel built before the pause (off every grid) and one after.
+    for round in 0..12u64 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let built_before = Wheel::new();
+            std::thread::sleep(Duration::from_micros(300 + round * 83));
+            tokio::time::pause();
+            tokio::time::advance(Duration::from_micros(100 + round * 37)).await;
+            let built_after = Wheel::new();
+            let mut rng = Rng(5 + round);
+            let delays: Vec<Duration> = (0..100)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        ms(1 + rng.below(300))
+                    } else {
+                        rng.millis(300)
+                    }
+                })
+                .collect();
+            for wheel in [&built_before, &built_after] {
+                let done = completions(wheel, &delays).await;
+                for ((ours, theirs), delay) in done.into_iter().zip(&delays) {
+                    assert!(ours >= *delay, "early: {delay:?} completed at {ours:?}");
+                    // Never later than tokio's own: rounded once. (It can be earlier: the
+                    // actor may be awake for another timer past this one's exact deadline.)
+                    assert!(
+                        ours <= theirs,
+                        "round {round}, {delay:?}: {ours:?} vs {theirs:?}"
+                    );
+                }
+            }
+        });
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeouts_elapse_when_tokio_timeouts_do() {
+    let wheel = Wheel::new();
+    let mut rng = Rng(9);
+    for _ in 0..50 {
+        let delay = rng.millis(200);
+        let start = Instant::now();
+        let (ours, theirs) = tokio::join!(
+            async {
+                let result = wheel.timeout(delay, std::future::pending::<()>()).await;
+                (result.is_err(), start.elapsed())
+            },
+            async {
+                let result = tokio::time::timeout(delay, std::future::pending::<()>()).await;
+                (result.is_err(), start.elapsed())
+            }
+        );
+        assert_eq!(ours, theirs, "timeout of {delay:?}");
+        assert!(ours.0 && ours.1 >= delay);
+    }
+}
+
+/// Ticks of ours and tokio's interval, with the same stalls between ticks.
+async fn ticks_side_by_side(behavior: MissedTickBehavior, stalls: &[u64]) {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let mut ours = wheel.interval_at(start + ms(3), ms(10));
+    let mut theirs = tokio::time::interval_at(start + ms(3), ms(10));
+    ours.set_missed_tick_behavior(behavior);
+    theirs.set_missed_tick_behavior(behavior);
+    for &stall in stalls {
+        tokio::time::sleep(ms(stall)).await;
+        let (a, b) = tokio::join!(ours.tick(), theirs.tick());
+        assert_eq!(a, b, "{behavior:?}: scheduled instants differ");
+        assert_eq!(ours.next().await, Some(theirs.tick().await), "{behavior:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_missed_tick_behavior_matches_tokio() {
+    let stalls = [0, 0, 25, 3, 0, 47, 12, 0, 100, 1, 9, 0];
+    for behavior in [
+        MissedTickBehavior::Burst,
+        MissedTickBehavior::Delay,
+        MissedTickBehavior::Skip,
+    ] {
+        ticks_side_by_side(behavior, &stalls).await;
+    }
+}
