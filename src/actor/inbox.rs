@@ -23,7 +23,15 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicBool, Ordering};
+#[cfg(loom)]
+use loom::sync::{Mutex, MutexGuard};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(not(loom))]
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -62,6 +70,7 @@ pub(crate) struct Inbox<C> {
 /// A number per thread, spreading threads over shards.
 fn thread_seed() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
+    use std::sync::atomic::Ordering;
     thread_local! {
         static SEED: Cell<usize> = const { Cell::new(usize::MAX) };
     }
@@ -277,7 +286,7 @@ impl<C> Inbox<C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -383,5 +392,114 @@ mod tests {
         assert!(!inbox.senders_gone());
         inbox.close();
         assert!(inbox.senders_gone());
+    }
+}
+
+/// Model check of the slot protocol (see `timer::pool`): a handle takes a slot, uses it, and
+/// withdraws or releases it, while the actor takes commands, touches the slots it has filed,
+/// gives released ones back and shrinks the pool when none is in use. Under loom the pool
+/// models each segment's memory as a cell, so any slot access not ordered before the segment
+/// is freed is reported. Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib
+/// loom_model`.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use std::collections::VecDeque;
+
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+    use crate::timer::state::State;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Command {
+        Insert(u32),
+        Release(u32),
+        Withdrawn,
+    }
+
+    /// One actor turn: take, touch filed slots, free released ones, try to shrink.
+    fn actor_turn(inbox: &Inbox<Command>, pool: &Pool, freed: &mut Vec<Vec<u32>>) {
+        let mut batch = VecDeque::new();
+        inbox.take_all(&mut batch, freed);
+        for command in batch {
+            match command {
+                Command::Insert(slot) => {
+                    pool.get(slot).word.on_due(10);
+                }
+                Command::Release(slot) => freed[0].push(slot),
+                Command::Withdrawn => {}
+            }
+        }
+        inbox.shrink_pool(pool, freed, 0);
+    }
+
+    #[test]
+    fn a_slot_is_never_freed_while_its_handle_or_the_actor_uses_it() {
+        loom::model(|| {
+            let pool = Arc::new(Pool::default());
+            let inbox = Arc::new(Inbox::new(1));
+            let handle = {
+                let (pool, inbox) = (pool.clone(), inbox.clone());
+                thread::spawn(move || {
+                    for round in 0..2 {
+                        let (slot, position) = inbox
+                            .send_with_slot(0, &pool, |index, slot| {
+                                slot.word.arm(5 + round);
+                                Command::Insert(index)
+                            })
+                            .unwrap();
+                        pool.get(slot).word.cancel();
+                        let is_it = |command: &Command| *command == Command::Insert(slot);
+                        if !inbox.withdraw(0, position, is_it, Command::Withdrawn, slot) {
+                            inbox.send(0, Command::Release(slot)).unwrap();
+                        }
+                    }
+                })
+            };
+            let mut freed = vec![Vec::new()];
+            actor_turn(&inbox, &pool, &mut freed);
+            actor_turn(&inbox, &pool, &mut freed);
+            handle.join().unwrap();
+            actor_turn(&inbox, &pool, &mut freed);
+            // Everything was given back: the pool shrank to nothing.
+            assert_eq!(pool.capacity(), 0);
+        });
+    }
+
+    #[test]
+    fn a_withdrawn_registration_never_reaches_the_actor() {
+        loom::model(|| {
+            let pool = Arc::new(Pool::default());
+            let inbox = Arc::new(Inbox::new(1));
+            let (slot, position) = inbox
+                .send_with_slot(0, &pool, |index, slot| {
+                    slot.word.arm(5);
+                    Command::Insert(index)
+                })
+                .unwrap();
+            let actor = {
+                let (pool, inbox) = (pool.clone(), inbox.clone());
+                thread::spawn(move || {
+                    let mut batch = VecDeque::new();
+                    inbox.take_all(&mut batch, &mut []);
+                    for command in &batch {
+                        if let Command::Insert(slot) = command {
+                            pool.get(*slot).word.on_due(1);
+                        }
+                    }
+                    batch
+                })
+            };
+            let is_it = |command: &Command| *command == Command::Insert(slot);
+            let withdrawn = inbox.withdraw(0, position, is_it, Command::Withdrawn, slot);
+            let seen = actor.join().unwrap();
+            // Either the actor took the registration (and it was not withdrawn), or it took
+            // nothing or the placeholder.
+            assert_eq!(seen.contains(&Command::Insert(slot)), !withdrawn);
+            if withdrawn {
+                assert_eq!(pool.get(slot).word.state(), State::Armed);
+            }
+        });
     }
 }

@@ -19,15 +19,25 @@
 //! actor frees the segments beyond the first few: memory returns to its baseline.
 
 use std::ops::Range;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use futures::task::AtomicWaker;
+#[cfg(loom)]
+use loom::sync::Mutex;
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+#[cfg(not(loom))]
+use std::sync::Mutex;
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use super::state::TimerWord;
 
 /// Slots in the first segment; segment `k` holds `FIRST << k`.
+#[cfg(not(loom))]
 const FIRST: u32 = 1024;
+/// Loom tracks every atomic: tiny segments keep its models small.
+#[cfg(loom)]
+const FIRST: u32 = 2;
 /// Segments that fit in `u32` indices: `FIRST * (2^22 - 1)` < 2^32.
 const SEGMENTS: usize = 22;
 
@@ -63,6 +73,10 @@ pub(crate) struct Pool {
     /// Segments allocated; grows and shrinks under `resize`.
     allocated: AtomicU32,
     resize: Mutex<()>,
+    /// Under loom, each segment's memory is modelled by a cell that `get` reads and `shrink`
+    /// writes: loom reports any access to a segment not ordered with its release.
+    #[cfg(loom)]
+    memory: [loom::cell::UnsafeCell<bool>; SEGMENTS],
 }
 
 impl Default for Pool {
@@ -71,6 +85,8 @@ impl Default for Pool {
             segments: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             allocated: AtomicU32::new(0),
             resize: Mutex::new(()),
+            #[cfg(loom)]
+            memory: std::array::from_fn(|_| loom::cell::UnsafeCell::new(false)),
         }
     }
 }
@@ -112,6 +128,9 @@ impl Pool {
             return None;
         }
         let slots: Box<[Slot]> = (0..segment_len(segment)).map(|_| Slot::default()).collect();
+        #[cfg(loom)]
+        // SAFETY: a loom cell, written under `resize`.
+        self.memory[segment].with_mut(|live| unsafe { *live = true });
         self.segments[segment].store(Box::into_raw(slots).cast::<Slot>(), Ordering::Release);
         self.allocated.store(segment as u32 + 1, Ordering::Release);
         let start = segment_start(segment);
@@ -130,6 +149,9 @@ impl Pool {
         let allocated = self.allocated.load(Ordering::Acquire) as usize;
         for segment in keep..allocated {
             let base = self.segments[segment].swap(std::ptr::null_mut(), Ordering::AcqRel);
+            #[cfg(loom)]
+            // SAFETY: a loom cell; loom reports a `get` this write is not ordered with.
+            self.memory[segment].with_mut(|live| unsafe { *live = false });
             let slots = std::ptr::slice_from_raw_parts_mut(base, segment_len(segment));
             // SAFETY: `base` came from `Box::<[Slot]>::into_raw` with this length in `grow`,
             // it was swapped out so it is freed once, and the caller guarantees nobody holds
@@ -149,6 +171,11 @@ impl Pool {
     }
 }
 
+// SAFETY: only under loom, where `memory`'s cells model the segments' memory: loom itself
+// checks every access to them for ordering, which is the point of the model.
+#[cfg(loom)]
+unsafe impl Sync for Pool {}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         // SAFETY: `&mut self`: nobody else can hold an index.
@@ -156,7 +183,7 @@ impl Drop for Pool {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
