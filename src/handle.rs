@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::actor::inbox::Inbox;
+use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::timers::Command;
 use crate::builder::Builder;
 use crate::interval::Interval;
@@ -124,11 +124,11 @@ impl Wheel {
 
     /// Sends a command to the main actor through inbox shard `shard`; `None` if the wheel
     /// has stopped, else where in the shard's queue it went.
-    pub(crate) fn send(&self, shard: u32, command: Command) -> Option<u32> {
+    pub(crate) fn send(&self, shard: u32, command: Command, urgency: Urgency) -> Option<u32> {
         if self.inner.shared.is_closed() {
             return None;
         }
-        self.inner.inbox.send(shard as usize, command).ok()
+        self.inner.inbox.send(shard as usize, command, urgency).ok()
     }
 
     /// Takes a pool slot for a timer due at offset `deadline`, arms it (registering `waker`,
@@ -146,13 +146,15 @@ impl Wheel {
             return None;
         }
         let shard = inbox.shard_for_thread();
-        let (slot, position) = inbox.send_with_slot(shard, &shared.pool, |index, slot| {
-            slot.word.arm(deadline);
-            if let Some(waker) = waker {
-                slot.waker.register(waker);
-            }
-            file(index)
-        })?;
+        let urgency = Urgency::By(deadline);
+        let (slot, position) =
+            inbox.send_with_slot(shard, &shared.pool, urgency, |index, slot| {
+                slot.word.arm(deadline);
+                if let Some(waker) = waker {
+                    slot.waker.register(waker);
+                }
+                file(index)
+            })?;
         Some(Filed {
             slot,
             shard: shard as u32,
@@ -272,7 +274,10 @@ impl Wheel {
     pub async fn flush(&self) {
         let (reply, done) = tokio::sync::oneshot::channel();
         let shard = self.inner.inbox.shard_for_thread() as u32;
-        if self.send(shard, Command::Flush(reply)).is_some() {
+        if self
+            .send(shard, Command::Flush(reply), Urgency::Now)
+            .is_some()
+        {
             let _ = done.await;
         }
     }

@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::actor::inbox::Urgency;
 use crate::actor::timers::{Command, JobInsert};
 use crate::error::JobError;
 use crate::handle::Wheel;
@@ -376,7 +377,7 @@ where
         }
         drop(lock(&self.future).take());
         self.outcome.set(Err(JobError::Cancelled));
-        wheel.send(shard, Command::Unfile { slot });
+        wheel.send(shard, Command::Unfile { slot }, Urgency::Lazy);
         true
     }
 
@@ -390,13 +391,11 @@ where
         }
         *lock(&self.deadline) = deadline;
         if offset < self.filed.fetch_min(offset, Ordering::AcqRel) {
-            wheel.send(
-                shard,
-                Command::Advance {
-                    slot,
-                    deadline: offset,
-                },
-            );
+            let advance = Command::Advance {
+                slot,
+                deadline: offset,
+            };
+            wheel.send(shard, advance, Urgency::By(offset));
         }
         true
     }
@@ -417,10 +416,11 @@ where
     fn release(&self, wheel: &Wheel) {
         if let Some((slot, shard)) = self.slot() {
             // Refused only once the actor has stopped: the slot goes with the pool.
+            let release = Command::Release { slot, shard };
             let _ = wheel
                 .inner
                 .inbox
-                .send(shard as usize, Command::Release { slot, shard });
+                .send(shard as usize, release, Urgency::Lazy);
         }
     }
 }

@@ -60,7 +60,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::actor::Actor;
-use crate::actor::inbox::Inbox;
+use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::keyed::{Expiry, KeyedCommand, KeyedMachine};
 use crate::handle::Wheel;
 use crate::timer::clock::deadline_after;
@@ -135,10 +135,10 @@ where
     K: Eq + Hash + Clone + Send + 'static,
     V: Send + 'static,
 {
-    fn send(&self, command: KeyedCommand<K, V>) {
+    fn send(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
         if !self.wheel.is_shutdown() {
             // A send fails only once the set's actor has stopped: refused, as documented.
-            let _ = self.sender.0.send(0, command);
+            let _ = self.sender.0.send(0, command, urgency);
         }
     }
 
@@ -156,11 +156,15 @@ where
     /// the key is already set.
     pub fn set_at(&self, key: K, value: V, deadline: Instant) {
         let deadline = self.offset(deadline);
-        self.send(KeyedCommand::Set {
-            key,
-            value,
-            deadline,
-        });
+        let urgency = Urgency::By(deadline.max(0) as u64);
+        self.send(
+            KeyedCommand::Set {
+                key,
+                value,
+                deadline,
+            },
+            urgency,
+        );
     }
 
     /// Moves `key`'s expiry to `after` from now, earlier or later. No-op if absent.
@@ -171,16 +175,20 @@ where
     /// Moves `key`'s expiry to `deadline`, earlier or later. No-op if absent.
     pub fn reset_at(&self, key: &K, deadline: Instant) {
         let deadline = self.offset(deadline);
-        self.send(KeyedCommand::Reset {
-            key: key.clone(),
-            deadline,
-        });
+        let urgency = Urgency::By(deadline.max(0) as u64);
+        self.send(
+            KeyedCommand::Reset {
+                key: key.clone(),
+                deadline,
+            },
+            urgency,
+        );
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
     /// whether it was still there.
     pub fn remove(&self, key: &K) {
-        self.send(KeyedCommand::Remove(key.clone()));
+        self.send(KeyedCommand::Remove(key.clone()), Urgency::Lazy);
     }
 
     /// Removes `key` and returns its value: `Some` if and only if it was removed before it
@@ -211,7 +219,7 @@ where
         command: impl FnOnce(oneshot::Sender<R>) -> KeyedCommand<K, V>,
     ) -> Option<R> {
         let (reply, answer) = oneshot::channel();
-        self.send(command(reply));
+        self.send(command(reply), Urgency::Now);
         // A refused command drops `reply`, so this never waits on a stopped wheel.
         answer.await.ok()
     }

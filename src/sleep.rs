@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::actor::inbox::Urgency;
 use crate::actor::timers::Command;
 use crate::handle::Wheel;
 use crate::timer::clock::saturating_add;
@@ -153,7 +154,7 @@ impl Sleep {
                         slot,
                         deadline: offset,
                     };
-                    this.wheel.send(shard, advance);
+                    this.wheel.send(shard, advance, Urgency::By(offset));
                 }
             }
             Moved::Rearmed => {
@@ -163,7 +164,7 @@ impl Sleep {
                     slot,
                     deadline: offset,
                 };
-                match this.wheel.send(shard, insert) {
+                match this.wheel.send(shard, insert, Urgency::By(offset)) {
                     Some(position) => this.position = position,
                     None => this.woke = Some(Woke::Shutdown),
                 }
@@ -255,18 +256,21 @@ impl Drop for Sleep {
         slot.word.cancel();
         // Do not keep the task alive through a waker nobody will use.
         drop(slot.waker.take());
-        let inbox = &self.wheel.inner.inbox;
         let (index, shard) = (self.slot, usize::from(self.shard));
         let is_insert =
             |command: &Command| matches!(command, Command::Insert { slot, .. } if *slot == index);
-        if inbox.withdraw(shard, self.position, is_insert, Command::Withdrawn, index) {
-            return;
-        }
         let release = Command::Release {
             slot: index,
             shard: shard as u32,
         };
-        // Refused only once the actor has stopped: the slot goes with the pool.
-        let _ = inbox.send(shard, release);
+        // Not sent only once the actor has stopped: the slot goes with the pool.
+        self.wheel.inner.inbox.withdraw_or_send(
+            shard,
+            self.position,
+            is_insert,
+            Command::Withdrawn,
+            index,
+            release,
+        );
     }
 }

@@ -26,11 +26,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
 
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[cfg(loom)]
 use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::{Mutex, MutexGuard};
 
@@ -49,6 +49,8 @@ struct Padded<T>(T);
 #[derive(Debug)]
 struct Shard<C> {
     commands: VecDeque<C>,
+    /// A send since the actor last took this shard has notified it.
+    notified: bool,
     /// Pool slots this shard may hand out.
     free: Vec<u32>,
     /// Slots handed out and given back, for the pool's live count.
@@ -58,6 +60,21 @@ struct Shard<C> {
     stopped: bool,
 }
 
+/// How soon the actor must see a command. A send wakes the actor only if it would not
+/// otherwise look at its inbox in time: most commands cost no wake-up at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Urgency {
+    /// At once: a barrier, or a question someone awaits.
+    Now,
+    /// By this deadline (a clock offset): a wake-up only if the actor sleeps past it.
+    By(u64),
+    /// Soon, within [`LAZY_BOUND`]: releases and cancellations, which only give memory back.
+    Lazy,
+}
+
+/// How long a command that only gives memory back may wait for the actor's next wake-up.
+pub(crate) const LAZY_BOUND: u64 = 10_000_000;
+
 /// The command queue of one actor.
 #[derive(Debug)]
 pub(crate) struct Inbox<C> {
@@ -65,6 +82,12 @@ pub(crate) struct Inbox<C> {
     wake: Notify,
     /// Every handle that can send is gone.
     senders_gone: AtomicBool,
+    /// The clock offset the actor will next look at its inbox by itself (`u64::MAX`: not
+    /// before a command wakes it). Stored before the actor's last look at the shards, read
+    /// under a shard's lock: a sender either sees it or the actor sees the sender's command.
+    next_look: AtomicU64,
+    /// Whether that next look comes within [`LAZY_BOUND`].
+    looks_soon: AtomicBool,
 }
 
 /// A number per thread, spreading threads over shards.
@@ -89,6 +112,7 @@ impl<C> Inbox<C> {
             .map(|_| {
                 Padded(Mutex::new(Shard {
                     commands: VecDeque::new(),
+                    notified: false,
                     free: Vec::new(),
                     taken: 0,
                     returned: 0,
@@ -100,7 +124,46 @@ impl<C> Inbox<C> {
             shards,
             wake: Notify::new(),
             senders_gone: AtomicBool::new(false),
+            next_look: AtomicU64::new(u64::MAX),
+            looks_soon: AtomicBool::new(false),
         }
+    }
+
+    /// Queues `command` in a locked shard, and says whether the actor must be notified.
+    fn push(&self, state: &mut Shard<C>, command: C, urgency: Urgency) -> (u32, bool) {
+        let position = state.commands.len() as u32;
+        state.commands.push_back(command);
+        let needed = match urgency {
+            Urgency::Now => true,
+            Urgency::By(deadline) => deadline < self.next_look.load(Ordering::Relaxed),
+            Urgency::Lazy => !self.looks_soon.load(Ordering::Relaxed),
+        };
+        let notify = needed && !state.notified;
+        state.notified |= notify;
+        (position, notify)
+    }
+
+    /// The actor will next look at its inbox by itself at offset `at` (if any); `now` is the
+    /// current offset. Call before the actor's last look at the shards ([`is_empty`]), so a
+    /// sender that misses this sees the actor notice its command instead.
+    ///
+    /// [`is_empty`]: Self::is_empty
+    pub(crate) fn publish_next_look(&self, at: Option<u64>, now: u64) {
+        let at = at.unwrap_or(u64::MAX);
+        self.next_look.store(at, Ordering::SeqCst);
+        self.looks_soon
+            .store(at <= now.saturating_add(LAZY_BOUND), Ordering::SeqCst);
+    }
+
+    /// Whether a send has notified the actor since it last took `shard`.
+    #[cfg(test)]
+    fn state_notified(&self, shard: usize) -> bool {
+        self.lock(shard).notified
+    }
+
+    /// Whether every shard is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        (0..self.shards.len()).all(|shard| self.lock(shard).commands.is_empty())
     }
 
     /// How many shards suit a runtime: a few per core, so threads rarely share one.
@@ -123,17 +186,15 @@ impl<C> Inbox<C> {
     }
 
     /// Queues a command; gives it back if the actor has stopped. Returns where in the shard's
-    /// queue it went (see [`withdraw`](Self::withdraw)).
-    pub(crate) fn send(&self, shard: usize, command: C) -> Result<u32, C> {
+    /// queue it went (see [`withdraw_or_send`](Self::withdraw_or_send)).
+    pub(crate) fn send(&self, shard: usize, command: C, urgency: Urgency) -> Result<u32, C> {
         let mut state = self.lock(shard);
         if state.stopped {
             return Err(command);
         }
-        let position = state.commands.len() as u32;
-        let was_empty = position == 0;
-        state.commands.push_back(command);
+        let (position, notify) = self.push(&mut state, command, urgency);
         drop(state);
-        if was_empty {
+        if notify {
             self.wake.notify_one();
         }
         Ok(position)
@@ -142,29 +203,38 @@ impl<C> Inbox<C> {
     /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or
     /// `send_with_slot` returned) with `replacement`, if `is_it` recognises it, and gives
     /// `slot` straight back to the shard's free list: the actor never sees the timer at all.
-    /// `false` if the actor has taken the command already.
+    /// If the actor has taken the command already, queues `otherwise` instead (unless the
+    /// actor has stopped). One lock either way. Returns whether it withdrew.
     ///
     /// Positions are stable until the actor takes the shard (it only ever takes a whole
     /// queue), and `is_it` checks that the command there is still the caller's own.
-    pub(crate) fn withdraw(
+    pub(crate) fn withdraw_or_send(
         &self,
         shard: usize,
         position: u32,
         is_it: impl FnOnce(&C) -> bool,
         replacement: C,
         slot: u32,
+        otherwise: C,
     ) -> bool {
         let mut state = self.lock(shard);
         let state = &mut *state;
-        match state.commands.get_mut(position as usize) {
-            Some(command) if !state.stopped && is_it(command) => {
+        if state.stopped {
+            return false;
+        }
+        if let Some(command) = state.commands.get_mut(position as usize) {
+            if is_it(command) {
                 *command = replacement;
                 state.free.push(slot);
                 state.returned += 1;
-                true
+                return true;
             }
-            _ => false,
         }
+        let (_, notify) = self.push(state, otherwise, Urgency::Lazy);
+        if notify {
+            self.wake.notify_one();
+        }
+        false
     }
 
     /// Takes a free pool slot, lets `make` set it up and build the command that files it, and
@@ -175,6 +245,7 @@ impl<C> Inbox<C> {
         &self,
         shard: usize,
         pool: &Pool,
+        urgency: Urgency,
         make: impl FnOnce(u32, &Slot) -> C,
     ) -> Option<(u32, u32)> {
         let mut state = self.lock(shard);
@@ -192,10 +263,9 @@ impl<C> Inbox<C> {
         };
         state.taken += 1;
         let command = make(index, pool.get(index));
-        let position = state.commands.len() as u32;
-        state.commands.push_back(command);
+        let (position, notify) = self.push(&mut state, command, urgency);
         drop(state);
-        if position == 0 {
+        if notify {
             self.wake.notify_one();
         }
         Some((index, position))
@@ -207,6 +277,7 @@ impl<C> Inbox<C> {
         let before = into.len();
         for shard in 0..self.shards.len() {
             let mut state = self.lock(shard);
+            state.notified = false;
             if into.is_empty() {
                 std::mem::swap(&mut state.commands, into);
             } else {
@@ -218,6 +289,11 @@ impl<C> Inbox<C> {
             }
         }
         into.len() - before
+    }
+
+    /// Whether a shard holds a flood-sized command buffer.
+    pub(crate) fn holds_memory(&self) -> bool {
+        (0..self.shards.len()).any(|shard| self.lock(shard).commands.capacity() > RETAINED_COMMANDS)
     }
 
     /// Gives back the command buffers a flood left behind in the shards.
@@ -294,8 +370,8 @@ mod tests {
     fn take_all_moves_everything_in_order_per_shard() {
         let inbox = Inbox::new(2);
         for i in 0..3 {
-            inbox.send(0, i).unwrap();
-            inbox.send(1, 10 + i).unwrap();
+            inbox.send(0, i, Urgency::Now).unwrap();
+            inbox.send(1, 10 + i, Urgency::Now).unwrap();
         }
         let mut batch = VecDeque::new();
         assert_eq!(inbox.take_all(&mut batch, &mut []), 6);
@@ -307,29 +383,33 @@ mod tests {
     #[test]
     fn a_stopped_inbox_refuses_and_hands_back_the_rest() {
         let inbox = Inbox::new(1);
-        inbox.send(0, 1).unwrap();
+        inbox.send(0, 1, Urgency::Now).unwrap();
         let mut rest = VecDeque::new();
         inbox.stop(&mut rest);
         assert_eq!(rest, [1]);
-        assert_eq!(inbox.send(0, 2), Err(2));
+        assert_eq!(inbox.send(0, 2, Urgency::Now), Err(2));
         let pool = Pool::default();
-        assert_eq!(inbox.send_with_slot(0, &pool, |_, _| 3), None);
-        assert!(!inbox.withdraw(0, 0, |_| true, 4, 0));
+        assert_eq!(inbox.send_with_slot(0, &pool, Urgency::Now, |_, _| 3), None);
+        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 4, 0, 5));
     }
 
     #[test]
     fn slots_come_from_the_shard_and_go_back_to_it() {
         let inbox = Inbox::new(2);
         let pool = Pool::default();
-        let (a, _) = inbox.send_with_slot(1, &pool, |index, _| index).unwrap();
-        let (b, position) = inbox.send_with_slot(1, &pool, |index, _| index).unwrap();
+        let (a, _) = inbox
+            .send_with_slot(1, &pool, Urgency::Now, |index, _| index)
+            .unwrap();
+        let (b, position) = inbox
+            .send_with_slot(1, &pool, Urgency::Now, |index, _| index)
+            .unwrap();
         assert_eq!((a, b, position), (0, 1, 1));
         let mut batch = VecDeque::new();
         let mut freed = vec![Vec::new(), vec![a, b]];
         inbox.take_all(&mut batch, &mut freed);
         assert!(freed[1].is_empty());
         assert_eq!(
-            inbox.send_with_slot(1, &pool, |index, _| index),
+            inbox.send_with_slot(1, &pool, Urgency::Now, |index, _| index),
             Some((b, 0))
         );
         // One slot is still held: the pool cannot shrink.
@@ -338,7 +418,7 @@ mod tests {
         assert_eq!(inbox.shrink_pool(&pool, &mut freed, 0), Some(0));
         assert_eq!(pool.capacity(), 0);
         assert_eq!(
-            inbox.send_with_slot(0, &pool, |index, _| index),
+            inbox.send_with_slot(0, &pool, Urgency::Now, |index, _| index),
             Some((0, 0))
         );
     }
@@ -348,25 +428,48 @@ mod tests {
         let inbox = Inbox::new(1);
         let pool = Pool::default();
         let (slot, position) = inbox
-            .send_with_slot(0, &pool, |index, _| index + 100)
+            .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
             .unwrap();
-        inbox.send(0, 7).unwrap();
-        assert!(
-            !inbox.withdraw(0, position, |&c| c == 999, 0, slot),
-            "not its command"
-        );
-        assert!(inbox.withdraw(0, position, |&c| c == slot + 100, 0, slot));
+        inbox.send(0, 7, Urgency::Now).unwrap();
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, 0, slot, 9));
         let mut batch = VecDeque::new();
         inbox.take_all(&mut batch, &mut []);
-        assert_eq!(batch, [0, 7]);
+        assert_eq!(batch, [0, 7], "replaced in place");
         assert!(
-            !inbox.withdraw(0, position, |_| true, 0, slot),
-            "taken already"
+            !inbox.withdraw_or_send(0, position, |_| true, 0, slot, 9),
+            "taken already: sent instead"
         );
+        batch.clear();
+        inbox.take_all(&mut batch, &mut []);
+        assert_eq!(batch, [9]);
         assert_eq!(
-            inbox.send_with_slot(0, &pool, |index, _| index),
-            Some((slot, 0))
+            inbox.send_with_slot(0, &pool, Urgency::Now, |index, _| index),
+            Some((slot, 0)),
+            "the withdrawn slot went straight back to the shard"
         );
+    }
+
+    #[test]
+    fn a_send_wakes_the_actor_only_when_it_would_look_too_late() {
+        let inbox = Inbox::new(1);
+        let mut batch = VecDeque::new();
+        // The actor looks again at offset 1000, within the lazy bound of now (900).
+        inbox.publish_next_look(Some(1_000), 900);
+        inbox.send(0, 1, Urgency::By(5_000)).unwrap();
+        inbox.send(0, 2, Urgency::Lazy).unwrap();
+        assert!(!inbox.state_notified(0), "it looks by then anyway");
+        inbox.send(0, 3, Urgency::By(999)).unwrap();
+        assert!(inbox.state_notified(0), "earlier than its next look");
+        inbox.take_all(&mut batch, &mut []);
+        assert!(!inbox.state_notified(0), "taking clears it");
+        // Far from now: lazy commands notify, once.
+        inbox.publish_next_look(None, 0);
+        inbox.send(0, 4, Urgency::Lazy).unwrap();
+        assert!(inbox.state_notified(0));
+        inbox.take_all(&mut batch, &mut []);
+        inbox.send(0, 5, Urgency::Now).unwrap();
+        assert!(inbox.state_notified(0), "a question always notifies");
+        assert!(!inbox.is_empty());
     }
 
     #[tokio::test]
@@ -382,7 +485,7 @@ mod tests {
             }
         });
         tokio::task::yield_now().await;
-        inbox.send(0, 7).unwrap();
+        inbox.send(0, 7, Urgency::Now).unwrap();
         assert_eq!(waiter.await.unwrap(), [7]);
     }
 
@@ -444,16 +547,22 @@ mod loom_model {
                 thread::spawn(move || {
                     for round in 0..2 {
                         let (slot, position) = inbox
-                            .send_with_slot(0, &pool, |index, slot| {
+                            .send_with_slot(0, &pool, Urgency::Now, |index, slot| {
                                 slot.word.arm(5 + round);
                                 Command::Insert(index)
                             })
                             .unwrap();
                         pool.get(slot).word.cancel();
                         let is_it = |command: &Command| *command == Command::Insert(slot);
-                        if !inbox.withdraw(0, position, is_it, Command::Withdrawn, slot) {
-                            inbox.send(0, Command::Release(slot)).unwrap();
-                        }
+                        let release = Command::Release(slot);
+                        inbox.withdraw_or_send(
+                            0,
+                            position,
+                            is_it,
+                            Command::Withdrawn,
+                            slot,
+                            release,
+                        );
                     }
                 })
             };
@@ -473,7 +582,7 @@ mod loom_model {
             let pool = Arc::new(Pool::default());
             let inbox = Arc::new(Inbox::new(1));
             let (slot, position) = inbox
-                .send_with_slot(0, &pool, |index, slot| {
+                .send_with_slot(0, &pool, Urgency::Now, |index, slot| {
                     slot.word.arm(5);
                     Command::Insert(index)
                 })
@@ -492,10 +601,12 @@ mod loom_model {
                 })
             };
             let is_it = |command: &Command| *command == Command::Insert(slot);
-            let withdrawn = inbox.withdraw(0, position, is_it, Command::Withdrawn, slot);
+            let release = Command::Release(slot);
+            let withdrawn =
+                inbox.withdraw_or_send(0, position, is_it, Command::Withdrawn, slot, release);
             let seen = actor.join().unwrap();
-            // Either the actor took the registration (and it was not withdrawn), or it took
-            // nothing or the placeholder.
+            // Either the actor took the registration (and it was not withdrawn: the release
+            // is queued), or it took nothing or the placeholder.
             assert_eq!(seen.contains(&Command::Insert(slot)), !withdrawn);
             if withdrawn {
                 assert_eq!(pool.get(slot).word.state(), State::Armed);

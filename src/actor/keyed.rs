@@ -357,11 +357,13 @@ where
         }
     }
 
-    fn turn_done(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) {
-        if self.entries.len == 0 {
-            self.entries.release_if_empty();
-            self.index.release_if_empty();
-            self.timeline.shrink(0, CHUNK);
-        }
+    fn holds_memory(&self, _shared: &Shared) -> bool {
+        self.entries.high > 0 || self.index.shards.iter().any(|shard| shard.capacity() > 0)
+    }
+
+    fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) {
+        self.entries.release_if_empty();
+        self.index.release_if_empty();
+        self.timeline.shrink(0, CHUNK);
     }
 }

@@ -9,7 +9,8 @@
 //!    fires what is due and yields to the runtime before going on, so a flood of commands
 //!    neither delays firing nor starves other tasks;
 //! 2. fires what is due in batches of [`FIRE_BATCH`], yielding between batches;
-//! 3. publishes its counters, answers barriers and, once idle, gives flood-sized memory back;
+//! 3. publishes its counters and answers barriers; once empty and idle for [`IDLE_GRACE`], it
+//!    gives flood-sized memory back (waking for that once, with no command needed);
 //! 4. arms a single `tokio::time::Sleep` at the next wake-up its timeline asks for (it never
 //!    ticks while idle), yields once if it did any work, and waits for that sleep, for
 //!    commands, or for shutdown.
@@ -52,6 +53,10 @@ pub(crate) const MAX_TURN_BUDGET: Duration = Duration::from_millis(16);
 pub(crate) const FIRE_BATCH: usize = 1024;
 /// Command buffer capacity an idle actor keeps.
 const RETAINED_BATCH: usize = 4 * 1024;
+/// How long an actor stays empty and idle before it gives flood-sized memory back: long
+/// enough that a workload pulsing every few hundred milliseconds keeps its buffers warm, short
+/// enough that memory returns soon after a burst, with no command needed.
+pub(crate) const IDLE_GRACE: Duration = Duration::from_millis(200);
 
 /// What a machine may use while applying a command or firing.
 pub(crate) struct Ctx<'a> {
@@ -92,8 +97,14 @@ pub(crate) trait Machine: Send + 'static {
         false
     }
 
-    /// The turn is over and counted: answer barriers, and give memory back if idle.
-    fn turn_done(&mut self, inbox: &Inbox<Self::Command>, shared: &Arc<Shared>);
+    /// Whether the machine holds memory beyond what an idle machine keeps.
+    fn holds_memory(&self, shared: &Shared) -> bool;
+
+    /// The machine has been empty and idle for [`IDLE_GRACE`]: give flood-sized memory back.
+    fn release_memory(&mut self, inbox: &Inbox<Self::Command>, shared: &Arc<Shared>);
+
+    /// The turn is over and counted: answer barriers.
+    fn turn_done(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) {}
 }
 
 /// How the loop ended.
@@ -116,6 +127,9 @@ pub(crate) struct Actor<M: Machine> {
     batch: VecDeque<M::Command>,
     reported_pending: usize,
     reported_moves: Moves,
+    /// Since when (clock offset) the machine has been empty and idle, while it still holds
+    /// memory to give back.
+    idle_since: Option<u64>,
     stopped: bool,
 }
 
@@ -131,6 +145,7 @@ impl<M: Machine> Actor<M> {
             batch: VecDeque::new(),
             reported_pending: 0,
             reported_moves: Moves::default(),
+            idle_since: None,
             stopped: false,
         }
     }
@@ -163,7 +178,14 @@ impl<M: Machine> Actor<M> {
                 }
                 continue;
             }
-            match self.machine.next_wake() {
+            let wake = match (self.machine.next_wake(), self.memory_release_due()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            // Tell senders when the actor looks next, then look once more: a command sent
+            // meanwhile that did not wake it is seen here.
+            self.inbox.publish_next_look(wake, self.shared.clock.now());
+            match wake {
                 Some(wake) if armed != Some(wake) => {
                     timer.as_mut().reset(self.shared.clock.instant(wake));
                     armed = Some(wake);
@@ -174,6 +196,9 @@ impl<M: Machine> Actor<M> {
             if worked {
                 // Notify costs no budget: without this, a busy actor would never yield.
                 tokio::task::yield_now().await;
+            }
+            if !self.inbox.is_empty() {
+                continue;
             }
             tokio::select! {
                 biased;
@@ -277,11 +302,33 @@ impl<M: Machine> Actor<M> {
         );
         self.reported_pending = pending;
         self.reported_moves = moves;
-        if pending == 0 && self.batch.is_empty() {
-            // Idle: give flood-sized memory back before anyone waiting on this turn looks.
-            self.inbox.trim();
+        let holds = self.batch.capacity() > RETAINED_BATCH
+            || self.inbox.holds_memory()
+            || self.machine.holds_memory(&self.shared);
+        if pending == 0 && self.batch.is_empty() && holds {
+            let now = self.shared.clock.now();
+            let since = *self.idle_since.get_or_insert(now);
+            if now.saturating_sub(since) >= IDLE_GRACE.as_nanos() as u64 {
+                self.inbox.trim();
+                self.machine.release_memory(&self.inbox, &self.shared);
+                // Given back (or held by timers still in use): no reason to wake for it again
+                // until the next burst.
+                self.idle_since = Some(u64::MAX);
+            }
+        } else if pending > 0 || !self.batch.is_empty() {
+            self.idle_since = None;
         }
         self.machine.turn_done(&self.inbox, &self.shared);
+    }
+
+    /// When to wake to give memory back, if the machine is idle and has not yet.
+    fn memory_release_due(&self) -> Option<u64> {
+        match self.idle_since {
+            Some(since) if since != u64::MAX => {
+                Some(since.saturating_add(IDLE_GRACE.as_nanos() as u64))
+            }
+            _ => None,
+        }
     }
 
     /// Refuses further commands, applies every one still queued, then resolves everything

@@ -223,27 +223,35 @@ impl Machine for TimerMachine {
         !self.flushes.is_empty()
     }
 
-    fn turn_done(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) {
-        if self.timeline.len() == 0 {
-            if self.jobs.capacity() > 64 {
-                self.jobs = HashMap::new();
-            }
-            if shared.pool.capacity() > RETAINED_SLOTS {
-                if let Some(capacity) =
-                    inbox.shrink_pool(&shared.pool, &mut self.freed, RETAINED_SLOTS)
-                {
-                    tracing::debug!(capacity, "idle: timer pool shrunk");
-                    self.timeline
-                        .shrink(capacity as usize, RETAINED_SLOTS as usize);
-                }
-            }
-            for freed in &mut self.freed {
-                if freed.is_empty() && freed.capacity() > RETAINED_SLOTS as usize {
-                    *freed = Vec::new();
-                }
+    fn holds_memory(&self, shared: &Shared) -> bool {
+        shared.pool.capacity() > RETAINED_SLOTS
+            || self.jobs.capacity() > 64
+            || self
+                .freed
+                .iter()
+                .any(|freed| freed.capacity() > RETAINED_SLOTS as usize)
+    }
+
+    fn release_memory(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) {
+        if self.jobs.capacity() > 64 {
+            self.jobs = HashMap::new();
+        }
+        if shared.pool.capacity() > RETAINED_SLOTS {
+            if let Some(capacity) = inbox.shrink_pool(&shared.pool, &mut self.freed, RETAINED_SLOTS)
+            {
+                tracing::debug!(capacity, "idle: timer pool shrunk");
+                self.timeline
+                    .shrink(capacity as usize, RETAINED_SLOTS as usize);
             }
         }
-        // Last, so a barrier sees memory already given back.
+        for freed in &mut self.freed {
+            if freed.is_empty() && freed.capacity() > RETAINED_SLOTS as usize {
+                *freed = Vec::new();
+            }
+        }
+    }
+
+    fn turn_done(&mut self, _inbox: &Inbox<Command>, _shared: &Arc<Shared>) {
         for reply in self.flushes.drain(..) {
             let _ = reply.send(());
         }
