@@ -183,7 +183,6 @@ impl<T: Send + 'static> JobHandle<T> {
             task: Mutex::new(None),
             aborted: Arc::new(AtomicBool::new(false)),
             deadline: Mutex::new(deadline),
-            filed: AtomicU64::new(offset),
         });
         let launch: Arc<dyn Launch> = job.clone();
         let filed = wheel.file_timer(offset, None, |slot| {
@@ -316,8 +315,6 @@ struct OneShot<F: Future> {
     task: Mutex<Option<AbortHandle>>,
     aborted: Arc<AtomicBool>,
     deadline: Mutex<Instant>,
-    /// The deadline offset the actor was last told.
-    filed: AtomicU64,
 }
 
 impl<F: Future> OneShot<F> {
@@ -386,11 +383,12 @@ where
             return false;
         };
         let offset = wheel.shared().clock.offset(deadline);
-        if wheel.shared().pool.get(slot).word.move_to(offset, false) != Moved::Armed {
+        let Moved::Armed { earlier } = wheel.shared().pool.get(slot).word.move_to(offset, false)
+        else {
             return false;
-        }
+        };
         *lock(&self.deadline) = deadline;
-        if offset < self.filed.fetch_min(offset, Ordering::AcqRel) {
+        if earlier {
             let advance = Command::Advance {
                 slot,
                 deadline: offset,

@@ -60,7 +60,7 @@ const UNARMED: u32 = u32::MAX;
 ///
 /// # Cost
 ///
-/// 48 bytes for the future itself; registering takes a 32-byte slot from the wheel's pool (no
+/// 40 bytes for the future itself; registering takes a 32-byte slot from the wheel's pool (no
 /// allocation once the pool has grown) and queues one command. Moving the deadline *later* is
 /// a single atomic compare-and-swap with no message; moving it earlier queues one. Each poll
 /// before the timer fires reads the clock once, to honour the deadline exactly.
@@ -78,8 +78,6 @@ pub struct Sleep {
     /// Where the last command that filed the slot went in the shard's queue: dropped before
     /// the actor takes it, the sleep withdraws it and the actor never sees the timer.
     position: u32,
-    /// The deadline offset the actor was last told.
-    filed: u64,
 }
 
 impl Sleep {
@@ -91,7 +89,6 @@ impl Sleep {
             shard: 0,
             woke: None,
             position: 0,
-            filed: 0,
         }
     }
 
@@ -146,9 +143,8 @@ impl Sleep {
         let offset = shared.clock.offset(deadline);
         let slot = this.slot;
         match shared.pool.get(slot).word.move_to(offset, true) {
-            Moved::Armed => {
-                if offset < this.filed {
-                    this.filed = offset;
+            Moved::Armed { earlier } => {
+                if earlier {
                     let shard = u32::from(this.shard);
                     let advance = Command::Advance {
                         slot,
@@ -158,7 +154,6 @@ impl Sleep {
                 }
             }
             Moved::Rearmed => {
-                this.filed = offset;
                 let shard = u32::from(this.shard);
                 let insert = Command::Insert {
                     slot,
@@ -234,7 +229,6 @@ impl Sleep {
         self.slot = filed.slot;
         self.shard = filed.shard as u8;
         self.position = filed.position;
-        self.filed = offset;
         Poll::Pending
     }
 }

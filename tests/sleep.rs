@@ -239,6 +239,12 @@ fn handles_are_send_and_sleep_is_unpin() {
     support::assert_sync::<Wheel>();
 }
 
+#[test]
+fn a_sleep_is_forty_bytes_as_documented() {
+    // The future itself; its shared state is a 32-byte pool slot (see `Sleep`'s docs).
+    assert_eq!(std::mem::size_of::<Sleep>(), 40);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sleeps_work_on_a_multi_thread_runtime() {
     let wheel = Wheel::new();

@@ -239,8 +239,7 @@ impl<C> Inbox<C> {
 
     /// Takes a free pool slot, lets `make` set it up and build the command that files it, and
     /// queues that command, all under the shard's lock. Returns the slot and the command's
-    /// position in the queue, or `None` if the actor has stopped (or, in theory, every slot
-    /// index is taken).
+    /// position in the queue, or `None` if the actor has stopped.
     pub(crate) fn send_with_slot(
         &self,
         shard: usize,
@@ -255,10 +254,9 @@ impl<C> Inbox<C> {
         let index = match state.free.pop() {
             Some(index) => index,
             None => {
-                let fresh = pool.grow()?;
                 // Lowest indices first: they keep the actor's tables dense.
-                state.free.extend(fresh.rev());
-                state.free.pop()?
+                state.free.extend(pool.grow().rev());
+                state.free.pop().expect("a segment has slots")
             }
         };
         state.taken += 1;

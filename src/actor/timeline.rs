@@ -66,6 +66,12 @@ impl Timeline {
         self.cascade.contains(id)
     }
 
+    /// Room for ids below `ids`: an owner whose ids come from a pool grows this table with
+    /// the pool, not by doubling.
+    pub(crate) fn reserve_ids(&mut self, ids: usize) {
+        self.cascade.reserve_ids(ids);
+    }
+
     /// Files `id` for the exact deadline `deadline`, or moves it there if it is filed.
     pub(crate) fn file(&mut self, id: u32, deadline: u64) {
         let tick = self.clock.tick_of(deadline);

@@ -85,6 +85,8 @@ impl Machine for TimerMachine {
         match command {
             Command::Insert { slot, deadline } => {
                 ctx.delta.inserted += 1;
+                self.timeline
+                    .reserve_ids(ctx.shared.pool.capacity() as usize);
                 if self.timeline.contains(slot) {
                     // Re-armed before the wheel got to it: its handle had completed it.
                     ctx.delta.fired += 1;
@@ -93,6 +95,8 @@ impl Machine for TimerMachine {
             }
             Command::InsertJob(job) => {
                 ctx.delta.inserted += 1;
+                self.timeline
+                    .reserve_ids(ctx.shared.pool.capacity() as usize);
                 self.jobs.insert(
                     job.slot,
                     FiledJob {

@@ -13,8 +13,8 @@
 //!   to a shard's free list when both the handle has released it and the wheel no longer holds
 //!   it.
 //!
-//! The slots live in segments that double in size (1024, 2048, 4096, … slots), each allocated
-//! once and never moved, so a handle reaches its slot with one atomic load and no lock. After a
+//! The slots live in segments that double in size (1024, 2048, … up to 131 072 slots, then
+//! stay that size), each allocated once and never moved, so a handle reaches its slot with one atomic load and no lock. After a
 //! flood, when no slot at all is in use (every shard's lock held, so none can be taken), the
 //! actor frees the segments beyond the first few: memory returns to its baseline.
 
@@ -32,14 +32,27 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use super::state::TimerWord;
 
-/// Slots in the first segment; segment `k` holds `FIRST << k`.
+/// Slots in the first segment; segments double up to [`LARGEST`], then stay that size, so
+/// a big pool wastes at most one segment's worth and a small one stays small.
 #[cfg(not(loom))]
-const FIRST: u32 = 1024;
+const FIRST: u32 = 1 << 10;
+#[cfg(not(loom))]
+const LARGEST: u32 = 1 << 17;
 /// Loom tracks every atomic: tiny segments keep its models small.
 #[cfg(loom)]
 const FIRST: u32 = 2;
-/// Segments that fit in `u32` indices: `FIRST * (2^22 - 1)` < 2^32.
-const SEGMENTS: usize = 22;
+#[cfg(loom)]
+const LARGEST: u32 = 4;
+/// Segments that double in size.
+const DOUBLING: usize = (LARGEST.trailing_zeros() - FIRST.trailing_zeros()) as usize;
+/// The most slots a pool holds: 2^28 timers pending at once in one wheel.
+#[cfg(not(loom))]
+pub(crate) const MAX_SLOTS: u32 = 1 << 28;
+#[cfg(loom)]
+pub(crate) const MAX_SLOTS: u32 = 64;
+/// Segments the largest pool needs.
+const SEGMENTS: usize =
+    DOUBLING + (MAX_SLOTS - FIRST * ((1 << DOUBLING) - 1)).div_ceil(LARGEST) as usize;
 
 /// A timer's shared state.
 #[derive(Debug, Default)]
@@ -48,21 +61,37 @@ pub(crate) struct Slot {
     pub(crate) waker: AtomicWaker,
 }
 
-/// Segment `k` and the offset within it of slot `index`.
-fn locate(index: u32) -> (usize, usize) {
-    let shifted = u64::from(index) + u64::from(FIRST);
-    let segment = (63 - shifted.leading_zeros()) as usize - FIRST.trailing_zeros() as usize;
-    let offset = shifted - (u64::from(FIRST) << segment);
-    (segment, offset as usize)
-}
-
 /// The first index of segment `k`.
 fn segment_start(segment: usize) -> u32 {
-    FIRST * ((1u32 << segment) - 1)
+    if segment <= DOUBLING {
+        FIRST * ((1u32 << segment) - 1)
+    } else {
+        segment_start(DOUBLING) + (segment - DOUBLING) as u32 * LARGEST
+    }
 }
 
 fn segment_len(segment: usize) -> usize {
-    (FIRST as usize) << segment
+    if segment < DOUBLING {
+        (FIRST as usize) << segment
+    } else {
+        LARGEST as usize
+    }
+}
+
+/// Segment `k` and the offset within it of slot `index`.
+fn locate(index: u32) -> (usize, usize) {
+    let doubling_end = segment_start(DOUBLING);
+    if index < doubling_end {
+        let shifted = index + FIRST;
+        let segment = (31 - shifted.leading_zeros() - FIRST.trailing_zeros()) as usize;
+        (segment, (shifted - (FIRST << segment)) as usize)
+    } else {
+        let past = index - doubling_end;
+        (
+            DOUBLING + (past / LARGEST) as usize,
+            (past % LARGEST) as usize,
+        )
+    }
 }
 
 /// Growable, shrinkable storage of [`Slot`]s with lock-free access by index.
@@ -120,13 +149,18 @@ impl Pool {
         segment_start(segments)
     }
 
-    /// Allocates the next segment and returns its indices, or `None` if every index is taken.
-    pub(crate) fn grow(&self) -> Option<Range<u32>> {
+    /// Allocates the next segment and returns its indices.
+    ///
+    /// # Panics
+    ///
+    /// With [`MAX_SLOTS`] timers pending at once in one wheel (8 GiB of slots alone).
+    pub(crate) fn grow(&self) -> Range<u32> {
         let _resize = self.resize.lock().unwrap_or_else(|e| e.into_inner());
         let segment = self.allocated.load(Ordering::Acquire) as usize;
-        if segment == SEGMENTS {
-            return None;
-        }
+        assert!(
+            segment < SEGMENTS,
+            "tokio-wheel: more than {MAX_SLOTS} timers pending at once in one wheel"
+        );
         let slots: Box<[Slot]> = (0..segment_len(segment)).map(|_| Slot::default()).collect();
         #[cfg(loom)]
         // SAFETY: a loom cell, written under `resize`.
@@ -134,7 +168,7 @@ impl Pool {
         self.segments[segment].store(Box::into_raw(slots).cast::<Slot>(), Ordering::Release);
         self.allocated.store(segment as u32 + 1, Ordering::Release);
         let start = segment_start(segment);
-        Some(start..start + segment_len(segment) as u32)
+        start..start + segment_len(segment) as u32
     }
 
     /// Frees every segment past the first `keep`, returning the new capacity.
@@ -193,24 +227,30 @@ mod tests {
     }
 
     #[test]
-    fn indices_map_onto_doubling_segments() {
+    fn indices_map_onto_doubling_then_equal_segments() {
         assert_eq!(locate(0), (0, 0));
         assert_eq!(locate(1023), (0, 1023));
         assert_eq!(locate(1024), (1, 0));
         assert_eq!(locate(3071), (1, 2047));
         assert_eq!(locate(3072), (2, 0));
-        assert_eq!(
-            locate(u32::MAX - 2000),
-            (21, (u32::MAX - 2000 - segment_start(21)) as usize)
-        );
-        assert_eq!(segment_start(SEGMENTS) as u64, 1024 * ((1u64 << 22) - 1));
+        let doubling_end = segment_start(DOUBLING);
+        assert_eq!(doubling_end, 1024 * 127);
+        assert_eq!(locate(doubling_end - 1), (DOUBLING - 1, 65_535));
+        assert_eq!(locate(doubling_end), (DOUBLING, 0));
+        assert_eq!(locate(doubling_end + LARGEST), (DOUBLING + 1, 0));
+        for index in [0, 5_000, doubling_end + 7, MAX_SLOTS - 1] {
+            let (segment, offset) = locate(index);
+            assert!(segment < SEGMENTS && offset < segment_len(segment));
+            assert_eq!(segment_start(segment) + offset as u32, index);
+        }
+        assert!(segment_start(SEGMENTS) >= MAX_SLOTS - LARGEST);
     }
 
     #[test]
     fn grow_hands_out_each_segment_and_shrink_frees_them() {
         let pool = Pool::default();
-        assert_eq!(pool.grow(), Some(0..1024));
-        assert_eq!(pool.grow(), Some(1024..3072));
+        assert_eq!(pool.grow(), 0..1024);
+        assert_eq!(pool.grow(), 1024..3072);
         assert_eq!(pool.capacity(), 3072);
         pool.get(3000).word.arm(7);
         assert_eq!(pool.get(3000).word.deadline(), 7);
@@ -219,7 +259,7 @@ mod tests {
         // SAFETY: no index is held.
         assert_eq!(unsafe { pool.shrink(1) }, 1024);
         assert_eq!(pool.capacity(), 1024);
-        assert_eq!(pool.grow(), Some(1024..3072));
+        assert_eq!(pool.grow(), 1024..3072);
         assert_eq!(
             pool.get(3000).word.deadline(),
             0,

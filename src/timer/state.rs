@@ -69,9 +69,9 @@ fn unpack(word: u64) -> (State, u64) {
 /// What happened to a timer whose deadline a handle moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Moved {
-    /// It was armed and now waits for the new deadline. If that is earlier than where the
-    /// actor filed it, the handle must tell the actor.
-    Armed,
+    /// It was armed and now waits for the new deadline. If that is earlier than the deadline
+    /// it had (`earlier`), the actor may have it filed too late: the handle must tell it.
+    Armed { earlier: bool },
     /// It had fired and is armed again: the handle must file it anew.
     Rearmed,
     /// It is past moving (fired and not re-armable, cancelled, or shut down).
@@ -151,8 +151,13 @@ impl TimerWord {
     /// Moves the deadline. With `rearm`, a fired timer is armed again (a `Sleep`); without,
     /// moving a fired timer is refused (a job that started).
     pub(crate) fn move_to(&self, deadline: u64, rearm: bool) -> Moved {
-        self.update(|state, _| match state {
-            State::Armed => (Some((State::Armed, deadline)), Moved::Armed),
+        self.update(|state, old| match state {
+            State::Armed => (
+                Some((State::Armed, deadline)),
+                Moved::Armed {
+                    earlier: deadline < old,
+                },
+            ),
             State::Fired if rearm => (Some((State::Armed, deadline)), Moved::Rearmed),
             _ => (None, Moved::Refused),
         })
@@ -212,9 +217,10 @@ mod tests {
     #[test]
     fn postponing_needs_no_message_and_the_actor_sees_it() {
         let timer = TimerWord::armed(10);
-        assert_eq!(timer.move_to(50, true), Moved::Armed);
+        assert_eq!(timer.move_to(50, true), Moved::Armed { earlier: false });
         assert_eq!(timer.on_due(10), Due::Later(50));
-        assert_eq!(timer.on_due(50), Due::Fire(50));
+        assert_eq!(timer.move_to(20, true), Moved::Armed { earlier: true });
+        assert_eq!(timer.on_due(20), Due::Fire(20));
         assert_eq!(timer.state(), State::Fired);
     }
 
@@ -303,7 +309,7 @@ mod loom_model {
                 // Fired at the old deadline: the handle must have seen it and re-armed.
                 Due::Fire(5) => assert_eq!(moved, Moved::Rearmed),
                 // The actor saw the new deadline and files the timer again.
-                Due::Later(50) => assert_eq!(moved, Moved::Armed),
+                Due::Later(50) => assert_eq!(moved, Moved::Armed { earlier: false }),
                 other => panic!("unexpected {other:?}"),
             }
             assert_eq!(timer.deadline(), 50);
@@ -323,7 +329,7 @@ mod loom_model {
             let moved = handle.join().unwrap();
             match (due, moved) {
                 // Moved first: it fires at once, for the new deadline.
-                (Due::Fire(5), Moved::Armed) => {}
+                (Due::Fire(5), Moved::Armed { earlier: true }) => {}
                 // Fired first: the handle re-armed it for the new deadline.
                 (Due::Fire(50), Moved::Rearmed) => assert_eq!(timer.state(), State::Armed),
                 other => panic!("unexpected {other:?}"),

@@ -131,10 +131,10 @@ impl Cascade {
         }
     }
 
-    /// Room for ids below `ids` without reallocating.
+    /// Room for ids below `ids` without reallocating (and no more).
     pub(crate) fn reserve_ids(&mut self, ids: usize) {
-        if ids > self.nodes.len() {
-            self.nodes.reserve(ids - self.nodes.len());
+        if ids > self.nodes.capacity() {
+            self.nodes.reserve_exact(ids - self.nodes.len());
         }
     }
 
