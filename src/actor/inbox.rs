@@ -88,6 +88,9 @@ pub(crate) struct Inbox<C> {
     next_look: AtomicU64,
     /// Whether that next look comes within [`LAZY_BOUND`].
     looks_soon: AtomicBool,
+    /// Set by a send into an empty shard, cleared when the actor takes: lets the actor see
+    /// whether anything came in without taking every shard's lock.
+    pending: AtomicBool,
 }
 
 /// A number per thread, spreading threads over shards.
@@ -126,6 +129,7 @@ impl<C> Inbox<C> {
             senders_gone: AtomicBool::new(false),
             next_look: AtomicU64::new(u64::MAX),
             looks_soon: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
         }
     }
 
@@ -133,6 +137,11 @@ impl<C> Inbox<C> {
     fn push(&self, state: &mut Shard<C>, command: C, urgency: Urgency) -> (u32, bool) {
         let position = state.commands.len() as u32;
         state.commands.push_back(command);
+        if position == 0 {
+            // Before reading `next_look`: with the actor's store of it and load of this flag
+            // (all sequentially consistent), one of the two sees the other.
+            self.pending.store(true, Ordering::SeqCst);
+        }
         let needed = match urgency {
             Urgency::Now => true,
             Urgency::By(deadline) => deadline < self.next_look.load(Ordering::Relaxed),
@@ -144,10 +153,10 @@ impl<C> Inbox<C> {
     }
 
     /// The actor will next look at its inbox by itself at offset `at` (if any); `now` is the
-    /// current offset. Call before the actor's last look at the shards ([`is_empty`]), so a
+    /// current offset. Call before the actor's last look at the shards ([`has_pending`]), so a
     /// sender that misses this sees the actor notice its command instead.
     ///
-    /// [`is_empty`]: Self::is_empty
+    /// [`has_pending`]: Self::has_pending
     pub(crate) fn publish_next_look(&self, at: Option<u64>, now: u64) {
         let at = at.unwrap_or(u64::MAX);
         self.next_look.store(at, Ordering::SeqCst);
@@ -161,9 +170,9 @@ impl<C> Inbox<C> {
         self.lock(shard).notified
     }
 
-    /// Whether every shard is empty.
-    pub(crate) fn is_empty(&self) -> bool {
-        (0..self.shards.len()).all(|shard| self.lock(shard).commands.is_empty())
+    /// Whether a command may have come in since the actor last took the shards. Lock-free.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.pending.load(Ordering::SeqCst)
     }
 
     /// How many shards suit a runtime: a few per core, so threads rarely share one.
@@ -273,6 +282,8 @@ impl<C> Inbox<C> {
     /// shard back the slots in `freed[shard]`. Returns how many commands it took.
     pub(crate) fn take_all(&self, into: &mut VecDeque<C>, freed: &mut [Vec<u32>]) -> usize {
         let before = into.len();
+        // Cleared first: a send that lands in a shard already taken sets it again.
+        self.pending.store(false, Ordering::SeqCst);
         for shard in 0..self.shards.len() {
             let mut state = self.lock(shard);
             state.notified = false;
@@ -467,7 +478,9 @@ mod tests {
         inbox.take_all(&mut batch, &mut []);
         inbox.send(0, 5, Urgency::Now).unwrap();
         assert!(inbox.state_notified(0), "a question always notifies");
-        assert!(!inbox.is_empty());
+        assert!(inbox.has_pending());
+        inbox.take_all(&mut batch, &mut []);
+        assert!(!inbox.has_pending());
     }
 
     #[tokio::test]

@@ -12,8 +12,9 @@
 //! 3. publishes its counters and answers barriers; once empty and idle for [`IDLE_GRACE`], it
 //!    gives flood-sized memory back (waking for that once, with no command needed);
 //! 4. arms a single `tokio::time::Sleep` at the next wake-up its timeline asks for (it never
-//!    ticks while idle), yields once if it did any work, and waits for that sleep, for
-//!    commands, or for shutdown.
+//!    ticks while idle), tells senders when it will next look at its inbox (so most sends need
+//!    not wake it), yields if it has been busy for [`YIELD_EVERY`], and waits for that sleep,
+//!    for a command that needs it sooner, or for shutdown.
 //!
 //! Waiting on the inbox costs no cooperative budget (a `Notify` never returns `Pending` for
 //! budget reasons), so the explicit yields are what keep the actor a good citizen, on a
@@ -43,6 +44,9 @@ use crate::timer::shared::Shared;
 
 /// Commands applied between two looks at the turn's time budget.
 const SLICE: usize = 128;
+/// Longest a busy actor goes without yielding to the runtime between turns (each yield costs
+/// the worker a trip through its driver, so a busy actor does not yield after every turn).
+const YIELD_EVERY: Duration = Duration::from_millis(1);
 /// Real time a turn first spends applying commands before it fires what is due and yields.
 /// While a backlog lasts, each stretch doubles, up to [`MAX_TURN_BUDGET`]: the actor keeps up
 /// with producers on its own runtime, and other tasks still run every few milliseconds.
@@ -163,6 +167,7 @@ impl<M: Machine> Actor<M> {
         let timer = tokio::time::sleep_until(Instant::now());
         tokio::pin!(timer);
         let mut armed: Option<u64> = None;
+        let mut last_yield = std::time::Instant::now();
         let exit = loop {
             if *shutdown.borrow_and_update() {
                 break Exit::Shutdown;
@@ -193,13 +198,15 @@ impl<M: Machine> Actor<M> {
                 Some(_) => {}
                 None => armed = None,
             }
-            if worked {
+            if worked && last_yield.elapsed() >= YIELD_EVERY {
                 // Notify costs no budget: without this, a busy actor would never yield.
                 tokio::task::yield_now().await;
+                last_yield = std::time::Instant::now();
             }
-            if !self.inbox.is_empty() {
+            if self.inbox.has_pending() {
                 continue;
             }
+            last_yield = std::time::Instant::now();
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break Exit::Shutdown,
