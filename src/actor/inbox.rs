@@ -26,11 +26,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
 
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 #[cfg(loom)]
 use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
 use std::sync::{Mutex, MutexGuard};
 
@@ -138,9 +138,12 @@ impl<C> Inbox<C> {
         let position = state.commands.len() as u32;
         state.commands.push_back(command);
         if position == 0 {
-            // Before reading `next_look`: with the actor's store of it and load of this flag
-            // (all sequentially consistent), one of the two sees the other.
-            self.pending.store(true, Ordering::SeqCst);
+            // Dekker with the actor's `publish_next_look` + `has_pending`: flag, fence, then
+            // read `next_look`; the actor stores `next_look`, fences, then reads the flag. One
+            // of the two sees the other's store. (Later sends into the non-empty shard read
+            // `next_look` after this fence, so they need none.)
+            self.pending.store(true, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
         }
         let needed = match urgency {
             Urgency::Now => true,
@@ -159,9 +162,10 @@ impl<C> Inbox<C> {
     /// [`has_pending`]: Self::has_pending
     pub(crate) fn publish_next_look(&self, at: Option<u64>, now: u64) {
         let at = at.unwrap_or(u64::MAX);
-        self.next_look.store(at, Ordering::SeqCst);
+        self.next_look.store(at, Ordering::Relaxed);
         self.looks_soon
-            .store(at <= now.saturating_add(LAZY_BOUND), Ordering::SeqCst);
+            .store(at <= now.saturating_add(LAZY_BOUND), Ordering::Relaxed);
+        fence(Ordering::SeqCst);
     }
 
     /// Whether a send has notified the actor since it last took `shard`.
@@ -170,9 +174,10 @@ impl<C> Inbox<C> {
         self.lock(shard).notified
     }
 
-    /// Whether a command may have come in since the actor last took the shards. Lock-free.
+    /// Whether a command may have come in since the actor last took the shards. Lock-free;
+    /// call after [`publish_next_look`](Self::publish_next_look).
     pub(crate) fn has_pending(&self) -> bool {
-        self.pending.load(Ordering::SeqCst)
+        self.pending.load(Ordering::Relaxed)
     }
 
     /// How many shards suit a runtime: a few per core, so threads rarely share one.
@@ -584,6 +589,26 @@ mod loom_model {
             actor_turn(&inbox, &pool, &mut freed);
             // Everything was given back: the pool shrank to nothing.
             assert_eq!(pool.capacity(), 0);
+        });
+    }
+
+    #[test]
+    fn a_command_due_before_the_actors_next_look_is_never_missed() {
+        loom::model(|| {
+            let inbox = Arc::new(Inbox::new(1));
+            // The actor was to look at 200; it now moves its next look to 300, then checks
+            // for commands. A sender due at 250 must either wake it or be seen by the check.
+            inbox.publish_next_look(Some(200), 0);
+            let sender = {
+                let inbox = inbox.clone();
+                thread::spawn(move || {
+                    inbox.send(0, Command::Withdrawn, Urgency::By(250)).unwrap();
+                })
+            };
+            inbox.publish_next_look(Some(300), 0);
+            let seen = inbox.has_pending();
+            sender.join().unwrap();
+            assert!(seen || inbox.state_notified(0), "neither woken nor seen");
         });
     }
 
