@@ -53,11 +53,13 @@
 //!
 //! Registering a timer takes a 32-byte slot from the wheel's pool (no allocation once the pool
 //! has grown) and queues one command, under one uncontended lock of the calling thread's inbox
-//! shard; the actor applies commands in batches on its own task. Postponing a `Sleep` is one
-//! atomic compare-and-swap with no command; cancelling one queues one. The command queue is
-//! unbounded: producers never wait; the actor applies what it takes in time-bounded slices,
-//! firing due timers and yielding to the runtime between them ([`Stats::commands`] counts what
-//! it applied).
+//! shard; the actor applies commands in batches on its own task, and a command wakes it only if
+//! it would otherwise look too late (a deadline earlier than its next wake-up, a barrier).
+//! Postponing a `Sleep` is one atomic compare-and-swap with no command; dropping one queues a
+//! release, or withdraws its registration if the actor has not taken it yet. The command queue
+//! is unbounded: producers never wait; the actor applies what it takes in time-bounded
+//! stretches, firing due timers and yielding to the runtime between them ([`Stats::commands`]
+//! counts what it took). Once empty and idle for a moment, it gives flood-sized memory back.
 #![warn(
     missing_docs,
     missing_debug_implementations,
