@@ -161,7 +161,12 @@ impl Sleep {
                 };
                 match this.wheel.send(shard, insert, Urgency::By(offset)) {
                     Some(position) => this.position = position,
-                    None => this.woke = Some(Woke::Shutdown),
+                    None => {
+                        // The wheel stopped: nobody will fire the word just re-armed. Mark it
+                        // shut down, so every later poll and reset sees that.
+                        shared.pool.get(slot).word.shut_down();
+                        this.woke = Some(Woke::Shutdown);
+                    }
                 }
             }
             Moved::Refused => this.woke = Some(Woke::Shutdown),

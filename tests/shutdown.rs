@@ -351,3 +351,79 @@ fn twenty_thousand_keyed_entries_in_flight_when_the_runtime_dies_are_each_delive
         });
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sleep_reset_again_and_again_after_shutdown_stays_complete() {
+    let wheel = Wheel::new();
+    let mut sleep = Box::pin(wheel.sleep(Duration::from_millis(1)));
+    sleep.as_mut().await;
+    wheel.shutdown().await;
+    // Re-arming after the wheel stopped is refused: the sleep completes at once...
+    sleep.as_mut().reset(Instant::now() + LONG);
+    assert_eq!(poll_once(sleep.as_mut()), std::task::Poll::Ready(()));
+    // ...and so after every later reset too (it used to hang here, on a word re-armed for an
+    // actor that was gone).
+    sleep.as_mut().reset(Instant::now() + LONG * 2);
+    assert_eq!(poll_once(sleep.as_mut()), std::task::Poll::Ready(()));
+    assert!(sleep.is_elapsed());
+}
+
+/// Tasks that await and re-arm timers in a loop while the wheel shuts down: every one of them
+/// finishes promptly (an independent attack found resets and interval ticks hanging here).
+#[test]
+fn timers_awaited_and_reset_in_a_loop_all_finish_when_the_wheel_shuts_down() {
+    for (kind, round) in (0..4).flat_map(|kind| (0..6u64).map(move |round| (kind, round))) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let wheel = Wheel::new();
+            let tasks: Vec<_> = (0..200u64)
+                .map(|i| {
+                    let wheel = wheel.clone();
+                    let period = Duration::from_millis(1 + i % 3);
+                    tokio::spawn(async move {
+                        match kind {
+                            0 => {
+                                let mut sleep = Box::pin(wheel.sleep(period));
+                                for _ in 0..10 {
+                                    sleep.as_mut().await;
+                                    let next = sleep.deadline() + period;
+                                    sleep.as_mut().reset(next);
+                                }
+                            }
+                            1 => {
+                                let mut interval = wheel.interval(period);
+                                for _ in 0..10 {
+                                    interval.tick().await;
+                                }
+                            }
+                            2 => {
+                                for _ in 0..10 {
+                                    let never = std::future::pending::<()>();
+                                    let _ = wheel.timeout(period, never).await;
+                                }
+                            }
+                            _ => {
+                                for _ in 0..10 {
+                                    let _ = wheel.spawn_after(period, async {}).await;
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_micros(500 + round * 300)).await;
+            wheel.shutdown().await;
+            tokio::time::timeout(Duration::from_secs(5), async {
+                for task in tasks {
+                    task.await.unwrap();
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("kind {kind}, round {round}: a task hung after shutdown"));
+        });
+    }
+}
