@@ -802,9 +802,7 @@ impl Engine {
                     return;
                 }
                 budget -= 1;
-                self.consumers[index]
-                    .credits
-                    .fetch_sub(1, Ordering::AcqRel);
+                self.consumers[index].credits.fetch_sub(1, Ordering::AcqRel);
                 let id = self.due[&(due, seq)].clone();
                 let mut task = self.take_for_change(&id);
                 task.state = TaskState::InFlight;

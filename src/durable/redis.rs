@@ -13,7 +13,7 @@
 //! | `tw:{orders}:inflight` | sorted set | in-flight ids, score = lease end (ms) |
 //! | `tw:{orders}:dead` | sorted set | dead ids, score = seq |
 //! | `tw:{orders}:seq`, `tw:{orders}:token` | counters | schedule order, delivery tokens |
-//! | `tw:{orders}:done:<token>` | string, expires after one lease | `id|outcome` of a finished delivery, so a retried finish is recognised |
+//! | `tw:{orders}:done:<token>` | string, expires after one lease | which call finished the delivery with this token, so that call, retried after a lost reply, is recognised |
 //! | `tw:{orders}:claim:<claimer>:<n>` | list, expires after one lease | `id, token, …` of one claim call, so a claim whose reply was lost is answered again |
 //!
 //! # One clock
@@ -43,7 +43,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -207,9 +207,10 @@ return head
 );
 
 /// KEYS: payload meta inflight due dead mark;
-/// ARGV: name id token outcome(ack|retry|dead) delay reason channel max-attempts window.
-/// A retry of the last attempt goes to the dead letters. Returns 1 if this finish (or the
-/// same finish before, whose reply was lost) took effect, 0 if the lease was lost.
+/// ARGV: name id token outcome(ack|retry|dead) delay reason channel max-attempts window call.
+/// A retry of the last attempt goes to the dead letters. Returns 1 if this call took effect
+/// (now, or before when its reply was lost: the mark names the call), 0 if the lease was lost
+/// — including a second, different finish of the same delivery.
 const FINISH: &str = lua!(
     r#"
 local now = now_ms()
@@ -235,11 +236,11 @@ if m then
       redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason))
       redis.call('ZADD', KEYS[5], seq, id)
     end
-    redis.call('SET', KEYS[6], id .. '|' .. outcome, 'PX', ARGV[9])
+    redis.call('SET', KEYS[6], ARGV[10], 'PX', ARGV[9])
     return 1
   end
 end
-if redis.call('GET', KEYS[6]) == id .. '|' .. outcome then return 1 end
+if redis.call('GET', KEYS[6]) == ARGV[10] then return 1 end
 return 0
 "#
 );
@@ -455,9 +456,10 @@ pub(crate) async fn start(
     let (requests, receiver) = mpsc::unbounded_channel();
     let (wake_sender, wakes) = mpsc::unbounded_channel();
     let attachment = attach(wheel);
-    let listener = attachment
-        .runtime
-        .spawn(listen(client, shared.keys.channel.clone(), wake_sender));
+    let listener =
+        attachment
+            .runtime
+            .spawn(listen(client, shared.keys.channel.clone(), wake_sender));
     let engine = RedisEngine {
         shared,
         requests: receiver,
@@ -776,8 +778,8 @@ impl RedisEngine {
         if self.shared.settings.keep_alive {
             tokens.extend(self.held.iter().map(|(&token, id)| (id.clone(), token)));
         }
-        self.renew_at = (!tokens.is_empty())
-            .then(|| Instant::now() + self.shared.settings.renew_every());
+        self.renew_at =
+            (!tokens.is_empty()).then(|| Instant::now() + self.shared.settings.renew_every());
         let shared = self.shared.clone();
         let lease = shared.settings.lease;
         tokio::spawn(async move {
@@ -823,8 +825,7 @@ impl RedisEngine {
             Request::Close(reply) => {
                 self.closing.push(reply);
                 if self.close_deadline.is_none() {
-                    self.close_deadline =
-                        Some(Instant::now() + self.shared.settings.close_timeout);
+                    self.close_deadline = Some(Instant::now() + self.shared.settings.close_timeout);
                     for consumer in self.consumers.drain(..) {
                         consumer.close();
                     }
@@ -877,15 +878,18 @@ impl RedisEngine {
                 let id = self.held.get(&token).cloned();
                 tokio::spawn(async move {
                     let result = match id {
-                        Some(id) => shared.extend(&[(id, token)], duration).await.and_then(
-                            |held| {
-                                if held == 1 {
-                                    Ok(())
-                                } else {
-                                    Err(Error::LeaseLost)
-                                }
-                            },
-                        ),
+                        Some(id) => {
+                            shared
+                                .extend(&[(id, token)], duration)
+                                .await
+                                .and_then(|held| {
+                                    if held == 1 {
+                                        Ok(())
+                                    } else {
+                                        Err(Error::LeaseLost)
+                                    }
+                                })
+                        }
                         None => Err(Error::LeaseLost),
                     };
                     let _ = reply.send(result);
@@ -1050,6 +1054,10 @@ impl Shared {
     ) -> Result<(), Error> {
         let keys = &self.keys;
         let window = super::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW));
+        // Names this call: its retries (same arguments) are recognised, another finish of
+        // the same delivery is not.
+        static CALLS: AtomicU64 = AtomicU64::new(1);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
         let done: i64 = self
             .invoke(
                 &self.scripts.finish,
@@ -1070,7 +1078,8 @@ impl Shared {
                     reason,
                     &keys.channel,
                     self.settings.policy.attempts(),
-                    window
+                    window,
+                    call
                 ],
             )
             .await?;
