@@ -8,7 +8,7 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `tw:{orders}:payload` | hash | id → payload |
-//! | `tw:{orders}:meta` | hash | id → `state|due|seq|attempts|token|reason` |
+//! | `tw:{orders}:meta` | hash | id → `state|due|seq|attempts|token|call|reason` (`call` names the schedule call that made it, so that call retried after a lost reply is recognised) |
 //! | `tw:{orders}:due` | sorted set | pending tasks, score = due (ms), member = zero-padded seq + id, so ties go in schedule order |
 //! | `tw:{orders}:inflight` | sorted set | in-flight ids, score = lease end (ms) |
 //! | `tw:{orders}:dead` | sorted set | dead ids, score = seq |
@@ -81,12 +81,16 @@ local function now_ms()
 end
 local function fmt(n) return string.format('%d', n) end
 local function member(seq, id) return string.format('%020d', seq) .. ':' .. id end
+-- A task's record: state|due|seq|attempts|token|call|reason, `call` naming the schedule
+-- call that made it (so that call, retried after a lost reply, is recognised).
 local function parse(m)
-  local st, d, seq, att, tok, reason = string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
-  return st, tonumber(d), tonumber(seq), tonumber(att), tok, reason
+  local st, d, seq, att, tok, call, reason =
+    string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
+  return st, tonumber(d), tonumber(seq), tonumber(att), tok, reason, call
 end
-local function record(st, d, seq, att, tok, reason)
-  return st .. '|' .. fmt(d) .. '|' .. fmt(seq) .. '|' .. fmt(att) .. '|' .. tok .. '|' .. reason
+local function record(st, d, seq, att, tok, reason, call)
+  return st .. '|' .. fmt(d) .. '|' .. fmt(seq) .. '|' .. fmt(att) .. '|' .. tok .. '|' ..
+    (call or '') .. '|' .. reason
 end
 -- Before a task becomes pending at `due`: wake the workers only if it is earlier than every
 -- pending task, i.e. earlier than anything they know of.
@@ -102,7 +106,7 @@ end
     };
 }
 
-/// KEYS: payload meta due dead seq; ARGV: name id payload mode(at|after) ms channel.
+/// KEYS: payload meta due dead seq; ARGV: name id payload mode(at|after) ms channel call.
 const SCHEDULE: &str = lua!(
     r#"
 local now = now_ms()
@@ -111,14 +115,15 @@ local due = tonumber(ARGV[5])
 if ARGV[4] == 'after' then due = now + due end
 local m = redis.call('HGET', KEYS[2], id)
 if m then
-  local st, d, seq = parse(m)
+  local st, d, seq, att, tok, reason, call = parse(m)
+  if call == ARGV[7] then return 'OK' end -- this call, retried after a lost reply
   if st == 'i' then return 'INFLIGHT' end
   if st == 'p' then redis.call('ZREM', KEYS[3], member(seq, id)) end
   if st == 'd' then redis.call('ZREM', KEYS[4], id) end
 end
 local seq = redis.call('INCR', KEYS[5])
 redis.call('HSET', KEYS[1], id, ARGV[3])
-redis.call('HSET', KEYS[2], id, record('p', due, seq, 0, '0', ''))
+redis.call('HSET', KEYS[2], id, record('p', due, seq, 0, '0', '', ARGV[7]))
 announce(KEYS[3], ARGV[6], due)
 redis.call('ZADD', KEYS[3], due, member(seq, id))
 return 'OK'
@@ -161,17 +166,17 @@ else
     redis.call('ZREM', KEYS[3], id)
     local m = redis.call('HGET', KEYS[1], id)
     if m then
-      local st, d, seq, att = parse(m)
+      local st, d, seq, att, t, r, call = parse(m)
       if att >= tonumber(ARGV[4]) then
         redis.call('HSET', KEYS[1], id, record('d', d, seq, att, '0',
-          'lease expired on delivery ' .. fmt(att) .. ' of ' .. ARGV[4]))
+          'lease expired on delivery ' .. fmt(att) .. ' of ' .. ARGV[4], call))
         redis.call('ZADD', KEYS[4], seq, id)
       else
         if not announced then
           announce(KEYS[2], ARGV[5], now)
           announced = true
         end
-        redis.call('HSET', KEYS[1], id, record('p', now, seq, att, '0', ''))
+        redis.call('HSET', KEYS[1], id, record('p', now, seq, att, '0', '', call))
         redis.call('ZADD', KEYS[2], now, member(seq, id))
       end
     end
@@ -183,10 +188,10 @@ else
     for _, mem in ipairs(due) do
       redis.call('ZREM', KEYS[2], mem)
       local id = string.sub(mem, 22)
-      local st, d, seq, att = parse(redis.call('HGET', KEYS[1], id))
+      local st, d, seq, att, t, r, call = parse(redis.call('HGET', KEYS[1], id))
       att = att + 1
       local tok = fmt(redis.call('INCR', KEYS[5]))
-      redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, ''))
+      redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, '', call))
       redis.call('ZADD', KEYS[3], now + lease, id)
       redis.call('RPUSH', KEYS[7], id, tok)
       table.insert(out, id)
@@ -217,7 +222,7 @@ local now = now_ms()
 local id, tok, outcome = ARGV[2], ARGV[3], ARGV[4]
 local m = redis.call('HGET', KEYS[2], id)
 if m then
-  local st, d, seq, att, t = parse(m)
+  local st, d, seq, att, t, r, call = parse(m)
   if st == 'i' and t == tok then
     redis.call('ZREM', KEYS[3], id)
     if outcome == 'ack' then
@@ -225,7 +230,7 @@ if m then
       redis.call('HDEL', KEYS[2], id)
     elseif outcome == 'retry' and att < tonumber(ARGV[8]) then
       local due = now + tonumber(ARGV[5])
-      redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', ''))
+      redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
       announce(KEYS[4], ARGV[7], due)
       redis.call('ZADD', KEYS[4], due, member(seq, id))
     else
@@ -233,7 +238,7 @@ if m then
       if outcome == 'retry' then
         reason = 'retried on its last delivery (' .. fmt(att) .. ' of ' .. fmt(att) .. ')'
       end
-      redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason))
+      redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason, call))
       redis.call('ZADD', KEYS[5], seq, id)
     end
     redis.call('SET', KEYS[6], ARGV[10], 'PX', ARGV[9])
@@ -276,10 +281,10 @@ for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   local m = redis.call('HGET', KEYS[1], id)
   if m then
-    local st, d, seq, att, t = parse(m)
+    local st, d, seq, att, t, r, call = parse(m)
     if st == 'i' and t == ARGV[i + 1] then
       redis.call('ZREM', KEYS[2], id)
-      redis.call('HSET', KEYS[1], id, record('p', d, seq, math.max(att - 1, 0), '0', ''))
+      redis.call('HSET', KEYS[1], id, record('p', d, seq, math.max(att - 1, 0), '0', '', call))
       announce(KEYS[3], ARGV[2], d)
       redis.call('ZADD', KEYS[3], d, member(seq, id))
       n = n + 1
@@ -296,7 +301,7 @@ const CHANGE: &str = lua!(
 local id = ARGV[2]
 local m = redis.call('HGET', KEYS[2], id)
 if not m then return 0 end
-local st, d, seq, att, tok, reason = parse(m)
+local st, d, seq, att, tok, reason, call = parse(m)
 local op = ARGV[3]
 if op == 'cancel' and st == 'p' then
   redis.call('ZREM', KEYS[3], member(seq, id))
@@ -306,14 +311,14 @@ if op == 'cancel' and st == 'p' then
 elseif op == 'reschedule' and st == 'p' then
   local due = tonumber(ARGV[4])
   redis.call('ZREM', KEYS[3], member(seq, id))
-  redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', ''))
+  redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
   announce(KEYS[3], ARGV[5], due)
   redis.call('ZADD', KEYS[3], due, member(seq, id))
   return 1
 elseif op == 'redrive' and st == 'd' then
   local now = now_ms()
   redis.call('ZREM', KEYS[4], id)
-  redis.call('HSET', KEYS[2], id, record('p', now, seq, 0, '0', ''))
+  redis.call('HSET', KEYS[2], id, record('p', now, seq, 0, '0', '', call))
   announce(KEYS[3], ARGV[5], now)
   redis.call('ZADD', KEYS[3], now, member(seq, id))
   return 1
@@ -479,6 +484,7 @@ pub(crate) async fn start(
         retry_at: None,
         buffered: HashMap::new(),
         held: HashMap::new(),
+        handouts: Vec::new(),
         renew_at: None,
         closing: Vec::new(),
         close_deadline: None,
@@ -561,6 +567,8 @@ struct RedisEngine {
     buffered: HashMap<u64, (String, Instant)>,
     /// Handed out, neither finished nor dropped: token → id.
     held: HashMap<u64, String>,
+    /// Handed out this turn after waiting in a buffer: their leases restart.
+    handouts: Vec<(String, u64)>,
     renew_at: Option<Instant>,
     closing: Vec<Reply<()>>,
     close_deadline: Option<Instant>,
@@ -595,6 +603,7 @@ impl RedisEngine {
                         while let Ok(request) = self.requests.try_recv() {
                             self.handle_request(request);
                         }
+                        self.start_handed_out_leases();
                     }
                     None => break,
                 },
@@ -760,6 +769,20 @@ impl RedisEngine {
         Ok(())
     }
 
+    /// One renewal for every delivery handed out this turn: their leases run from now.
+    fn start_handed_out_leases(&mut self) {
+        if self.handouts.is_empty() {
+            return;
+        }
+        let handouts = std::mem::take(&mut self.handouts);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            if let Err(error) = shared.extend(&handouts, shared.settings.lease).await {
+                tracing::warn!(%error, "starting leases at hand-out failed");
+            }
+        });
+    }
+
     fn claim_key(&self, call: u64) -> String {
         self.shared.keys.claim_record(&self.claimer, call)
     }
@@ -853,13 +876,10 @@ impl RedisEngine {
                     self.renew_at = Some(Instant::now() + shared.settings.renew_every());
                 }
                 // The claim set the lease to end a lease after it was sent; if the delivery
-                // waited in the buffer for more than a thousandth of a lease, restart it now.
+                // waited in the buffer for more than a thousandth of a lease, restart it now
+                // (batched with the turn's other hand-outs).
                 if claimed.elapsed() > lease / 1000 {
-                    tokio::spawn(async move {
-                        if let Err(error) = shared.extend(&[(id, token)], lease).await {
-                            tracing::warn!(%error, "starting a lease at hand-out failed");
-                        }
-                    });
+                    self.handouts.push((id, token));
                 }
             }
             Request::Dropped(token) => {
@@ -943,6 +963,15 @@ impl RedisEngine {
     }
 }
 
+/// A name for one call, unique across processes: its retries carry it, so a store step
+/// that already ran for it is recognised.
+fn call_id() -> String {
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| TaskId::generate().0);
+    format!("{process}.{:x}", CALLS.fetch_add(1, Ordering::Relaxed))
+}
+
 fn delay_ms_floor(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -1012,6 +1041,7 @@ impl Shared {
             Some(Due::At(at)) => ("at", super::epoch_ms(at)),
         };
         let keys = &self.keys;
+        let call = call_id();
         let answer: String = self
             .invoke(
                 &self.scripts.schedule,
@@ -1022,7 +1052,8 @@ impl Shared {
                     task.payload.as_slice(),
                     mode,
                     ms,
-                    &keys.channel
+                    &keys.channel,
+                    &call
                 ],
             )
             .await?;
@@ -1054,10 +1085,9 @@ impl Shared {
     ) -> Result<(), Error> {
         let keys = &self.keys;
         let window = super::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW));
-        // Names this call: its retries (same arguments) are recognised, another finish of
-        // the same delivery is not.
-        static CALLS: AtomicU64 = AtomicU64::new(1);
-        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        // Its retries (same arguments) are recognised, another finish of the same delivery
+        // is not.
+        let call = call_id();
         let done: i64 = self
             .invoke(
                 &self.scripts.finish,
@@ -1079,7 +1109,7 @@ impl Shared {
                     &keys.channel,
                     self.settings.policy.attempts(),
                     window,
-                    call
+                    &call
                 ],
             )
             .await?;
@@ -1175,9 +1205,10 @@ impl Shared {
                     .zip(metas.into_iter().zip(payloads))
                     .filter_map(|(id, (meta, payload))| {
                         let meta = meta?;
-                        let mut fields = meta.splitn(6, '|');
+                        // state|due|seq|attempts|token|call|reason
+                        let mut fields = meta.splitn(7, '|');
                         let attempts = fields.nth(3)?.parse().ok()?;
-                        let reason = fields.nth(1).unwrap_or_default().to_owned();
+                        let reason = fields.nth(2).unwrap_or_default().to_owned();
                         Some(DeadLetter {
                             id: TaskId::from(id),
                             payload: payload?,
