@@ -54,6 +54,10 @@ pub(crate) enum Request {
     Dropped(u64),
     /// A delivery was dropped before its stream yielded it: the task goes back at once.
     Release(u64),
+    /// A handed-out delivery is being finished directly with the store (Redis): nothing waits
+    /// for it or keeps it alive any more.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Finishing(u64),
     Subscribe(Consumer),
     /// A consumer has room for more deliveries.
     Demand,
@@ -418,6 +422,7 @@ impl Engine {
                 system_time(task.due_ms),
                 claim.token,
                 engine.clone(),
+                super::Route::Engine,
             );
             // A stream that went away drops it, and its drop returns the task.
             let _ = self.consumers[claim.consumer].sender.send(delivery);
@@ -673,7 +678,7 @@ impl Engine {
                     }
                 }
             }
-            Request::Dropped(token) => {
+            Request::Dropped(token) | Request::Finishing(token) => {
                 if let Some(flight) = self.flights.get_mut(&token) {
                     flight.held = false;
                 }

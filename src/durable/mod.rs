@@ -344,10 +344,11 @@ impl Builder {
         if wheel.is_shutdown() {
             return Err(Error::Closed);
         }
-        let requests = self::redis::start(url, name, settings, wheel).await?;
+        let (requests, shared) = self::redis::start(url, name, settings, wheel).await?;
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,
+            route: Route::Redis(shared),
         })
     }
 
@@ -378,8 +379,19 @@ impl Builder {
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,
+            route: Route::Engine,
         })
     }
+}
+
+/// Where a handle's calls go: through the engine task (embedded: it owns the store), or
+/// straight to the Redis server from the caller's task (each call is one atomic script; the
+/// Redis engine only claims, and is told what finished).
+#[derive(Clone)]
+pub(crate) enum Route {
+    Engine,
+    #[cfg(feature = "redis")]
+    Redis(Arc<self::redis::Shared>),
 }
 
 /// A durable queue of delayed tasks. Cheap to clone; every clone talks to one engine.
@@ -389,6 +401,8 @@ impl Builder {
 pub struct DurableQueue {
     requests: mpsc::UnboundedSender<Request>,
     prefetch: usize,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    route: Route,
 }
 
 impl fmt::Debug for DurableQueue {
@@ -426,6 +440,16 @@ impl DurableQueue {
         answer.await.map_err(|_| Error::Closed)?
     }
 
+    /// The Redis connection to call directly, or `None` to go through the engine.
+    #[cfg(feature = "redis")]
+    fn redis(&self) -> Result<Option<&self::redis::Shared>, Error> {
+        match &self.route {
+            Route::Engine => Ok(None),
+            _ if self.requests.is_closed() => Err(Error::Closed),
+            Route::Redis(shared) => Ok(Some(shared)),
+        }
+    }
+
     /// Stores the task; returns its id once it is durable.
     ///
     /// # Errors
@@ -433,6 +457,10 @@ impl DurableQueue {
     /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Io`],
     /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.schedule(task).await;
+        }
         self.ask(|reply| Request::Schedule(task, reply)).await
     }
 
@@ -442,6 +470,10 @@ impl DurableQueue {
     ///
     /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn cancel(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "cancel", 0).await;
+        }
         let id = id.as_str().to_owned();
         self.ask(|reply| Request::Cancel(id, reply)).await
     }
@@ -452,8 +484,12 @@ impl DurableQueue {
     ///
     /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn reschedule(&self, id: &TaskId, when: SystemTime) -> Result<bool, Error> {
-        let id = id.as_str().to_owned();
         let due_ms = epoch_ms(when);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "reschedule", due_ms).await;
+        }
+        let id = id.as_str().to_owned();
         self.ask(|reply| Request::Reschedule(id, due_ms, reply))
             .await
     }
@@ -464,6 +500,10 @@ impl DurableQueue {
     ///
     /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn len(&self) -> Result<usize, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.len().await;
+        }
         self.ask(Request::Len).await
     }
 
@@ -483,6 +523,10 @@ impl DurableQueue {
     ///
     /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.dead_letters().await;
+        }
         self.ask(Request::DeadLetters).await
     }
 
@@ -493,6 +537,10 @@ impl DurableQueue {
     ///
     /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn redrive(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "redrive", 0).await;
+        }
         let id = id.as_str().to_owned();
         self.ask(|reply| Request::Redrive(id, reply)).await
     }
@@ -579,6 +627,15 @@ impl Stream for Deliveries {
     }
 }
 
+/// How a delivery is finished.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) enum Outcome {
+    Ack,
+    /// After this delay, or the policy's backoff.
+    Retry(Option<Duration>),
+    Fail(String),
+}
+
 /// A due task handed to a consumer, under a lease. Finish it with [`ack`](Delivery::ack),
 /// [`retry`](Delivery::retry), [`retry_after`](Delivery::retry_after) or
 /// [`fail`](Delivery::fail); dropped unfinished, it is delivered again when its lease ends.
@@ -592,6 +649,8 @@ pub struct Delivery {
     due: SystemTime,
     token: u64,
     engine: mpsc::UnboundedSender<Request>,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    route: Route,
     /// Yielded by the stream (else still in a prefetch buffer: dropping it returns the task).
     handed_out: bool,
     /// Finished successfully: dropping it tells the engine nothing.
@@ -633,6 +692,7 @@ impl Delivery {
         due: SystemTime,
         token: u64,
         engine: mpsc::UnboundedSender<Request>,
+        route: Route,
     ) -> Delivery {
         Delivery {
             id,
@@ -641,6 +701,7 @@ impl Delivery {
             due,
             token,
             engine,
+            route,
             handed_out: false,
             finished: AtomicBool::new(false),
         }
@@ -684,13 +745,28 @@ impl Delivery {
 
     async fn finish(
         &self,
+        #[cfg_attr(not(feature = "redis"), allow(unused_variables))] outcome: Outcome,
         request: impl FnOnce(oneshot::Sender<Result<(), Error>>) -> Request,
     ) -> Result<(), Error> {
-        let (reply, answer) = oneshot::channel();
-        self.engine
-            .send(request(reply))
-            .map_err(|_| Error::Closed)?;
-        let result = answer.await.map_err(|_| Error::Closed)?;
+        let result = match &self.route {
+            Route::Engine => {
+                let (reply, answer) = oneshot::channel();
+                self.engine
+                    .send(request(reply))
+                    .map_err(|_| Error::Closed)?;
+                answer.await.map_err(|_| Error::Closed)?
+            }
+            #[cfg(feature = "redis")]
+            Route::Redis(shared) => {
+                // The engine stops waiting for it (close, keep-alive); the store decides.
+                self.engine
+                    .send(Request::Finishing(self.token))
+                    .map_err(|_| Error::Closed)?;
+                shared
+                    .finish(self.id.as_str(), self.token, self.attempt, outcome)
+                    .await
+            }
+        };
         if result.is_ok() {
             self.finished.store(true, Ordering::Release);
         }
@@ -706,7 +782,7 @@ impl Delivery {
     /// was lost and that is retried is recognised and answers `Ok` (for about one lease).
     pub async fn ack(&self) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
-        self.finish(|reply| Request::Ack(id, self.token, reply))
+        self.finish(Outcome::Ack, |reply| Request::Ack(id, self.token, reply))
             .await
     }
 
@@ -718,8 +794,10 @@ impl Delivery {
     /// As [`ack`](Delivery::ack).
     pub async fn retry(&self) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
-        self.finish(|reply| Request::Retry(id, self.token, self.attempt, None, reply))
-            .await
+        self.finish(Outcome::Retry(None), |reply| {
+            Request::Retry(id, self.token, self.attempt, None, reply)
+        })
+        .await
     }
 
     /// Not now: delivers the task again after `delay` (e.g. a server's `Retry-After`), by the
@@ -731,8 +809,10 @@ impl Delivery {
     /// As [`ack`](Delivery::ack).
     pub async fn retry_after(&self, delay: Duration) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
-        self.finish(|reply| Request::Retry(id, self.token, self.attempt, Some(delay), reply))
-            .await
+        self.finish(Outcome::Retry(Some(delay)), |reply| {
+            Request::Retry(id, self.token, self.attempt, Some(delay), reply)
+        })
+        .await
     }
 
     /// Never: moves the task to the dead letters with `reason`.
@@ -743,8 +823,10 @@ impl Delivery {
     pub async fn fail(&self, reason: impl Into<String>) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
         let reason = reason.into();
-        self.finish(|reply| Request::Fail(id, self.token, reason, reply))
-            .await
+        self.finish(Outcome::Fail(reason.clone()), |reply| {
+            Request::Fail(id, self.token, reason, reply)
+        })
+        .await
     }
 
     /// Keeps the lease for a long job: it now ends `duration` from now (by the store's
@@ -758,6 +840,20 @@ impl Delivery {
     /// [`Error::LeaseLost`] if the lease already ran out (or the delivery was finished),
     /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn extend(&self, duration: Duration) -> Result<(), Error> {
+        #[cfg(feature = "redis")]
+        if let Route::Redis(shared) = &self.route {
+            if self.engine.is_closed() {
+                return Err(Error::Closed);
+            }
+            let held = shared
+                .extend(&[(self.id.as_str().to_owned(), self.token)], duration)
+                .await?;
+            return if held == 1 {
+                Ok(())
+            } else {
+                Err(Error::LeaseLost)
+            };
+        }
         let (reply, answer) = oneshot::channel();
         self.engine
             .send(Request::Extend(self.token, duration, reply))

@@ -55,7 +55,7 @@ use tokio::time::Instant;
 use super::engine::{
     Consumer, Reply, Request, Settings, attach, far_future, now_ms, shut_down, system_time,
 };
-use super::{DeadLetter, Delivery, Due, Error, Task, TaskId};
+use super::{DeadLetter, Delivery, Due, Error, Outcome, Route, Task, TaskId};
 use crate::Wheel;
 
 /// Most tasks one claim script hands out.
@@ -64,9 +64,11 @@ const CLAIM_BATCH: usize = 256;
 pub(crate) const EXPIRE_BATCH: usize = 500;
 /// Most entries one renewal, release or dead-letter page touches.
 const PAGE: usize = 1000;
-/// Tries of a command before its error is surfaced; with the backoff between them (25 ms
-/// doubling to 2 s) this rides out about ten seconds of outage or of a restarting server.
-const TRIES: u32 = 10;
+/// How long a command is retried while the server is unreachable before its error is
+/// surfaced: rides out a restarting server or a connection that keeps dropping.
+const RETRY_BUDGET: Duration = Duration::from_secs(10);
+/// The backoff between tries doubles from the first to the last.
+const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(500));
 /// Shortest window in which a retried finish is recognised.
 const MIN_MARK_WINDOW: Duration = Duration::from_secs(1);
 
@@ -386,8 +388,9 @@ struct Scripts {
     change: Script,
 }
 
-/// What every request task of one queue shares.
-struct Shared {
+/// One queue's connection, keys, scripts and settings: what the engine and every handle and
+/// delivery of the queue call directly.
+pub(crate) struct Shared {
     keys: Keys,
     scripts: Scripts,
     connection: ConnectionManager,
@@ -406,20 +409,19 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = redis::RedisResult<T>>,
 {
-    let mut delay = Duration::from_millis(25);
-    let mut tries = 0;
+    let start = Instant::now();
+    let mut delay = RETRY_BACKOFF.0;
     loop {
         match operation().await {
             Ok(value) => return Ok(value),
             Err(error) if !is_transient(&error) => return Err(Error::Io(error.to_string())),
             Err(error) => {
-                tries += 1;
-                if tries >= TRIES {
+                if start.elapsed() >= RETRY_BUDGET {
                     return Err(Error::Unreachable(error.to_string()));
                 }
-                tracing::debug!(%error, tries, "redis unreachable; retrying");
+                tracing::debug!(%error, "redis unreachable; retrying");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
+                delay = (delay * 2).min(RETRY_BACKOFF.1);
             }
         }
     }
@@ -431,7 +433,7 @@ pub(crate) async fn start(
     name: &str,
     settings: Settings,
     wheel: &Wheel,
-) -> Result<mpsc::UnboundedSender<Request>, Error> {
+) -> Result<(mpsc::UnboundedSender<Request>, Arc<Shared>), Error> {
     let client = redis::Client::open(url).map_err(|e| Error::Unreachable(e.to_string()))?;
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_number_of_retries(2)
@@ -466,7 +468,7 @@ pub(crate) async fn start(
             .runtime
             .spawn(listen(client, shared.keys.channel.clone(), wake_sender));
     let engine = RedisEngine {
-        shared,
+        shared: shared.clone(),
         requests: receiver,
         handle: requests.downgrade(),
         consumers: Vec::new(),
@@ -493,7 +495,7 @@ pub(crate) async fn start(
         engine.run().await;
         listener.abort();
     });
-    Ok(requests)
+    Ok((requests, shared))
 }
 
 /// What the wake channel tells the engine.
@@ -756,6 +758,7 @@ impl RedisEngine {
                 system_time(due),
                 token,
                 engine.clone(),
+                Route::Redis(self.shared.clone()),
             );
             // A stream that vanished meanwhile drops the delivery, and its drop returns it.
             if let Some(target) = self.consumers.get(consumer) {
@@ -894,71 +897,20 @@ impl RedisEngine {
                     });
                 }
             }
-            Request::Extend(token, duration, reply) => {
-                let id = self.held.get(&token).cloned();
-                tokio::spawn(async move {
-                    let result = match id {
-                        Some(id) => {
-                            shared
-                                .extend(&[(id, token)], duration)
-                                .await
-                                .and_then(|held| {
-                                    if held == 1 {
-                                        Ok(())
-                                    } else {
-                                        Err(Error::LeaseLost)
-                                    }
-                                })
-                        }
-                        None => Err(Error::LeaseLost),
-                    };
-                    let _ = reply.send(result);
-                });
-            }
-            Request::Schedule(task, reply) => {
-                tokio::spawn(async move { drop(reply.send(shared.schedule(task).await)) });
-            }
-            Request::Cancel(id, reply) => {
-                tokio::spawn(
-                    async move { drop(reply.send(shared.change(&id, "cancel", 0).await)) },
-                );
-            }
-            Request::Reschedule(id, due, reply) => {
-                tokio::spawn(async move {
-                    drop(reply.send(shared.change(&id, "reschedule", due).await))
-                });
-            }
-            Request::Redrive(id, reply) => {
-                tokio::spawn(
-                    async move { drop(reply.send(shared.change(&id, "redrive", 0).await)) },
-                );
-            }
-            Request::Len(reply) => {
-                tokio::spawn(async move { drop(reply.send(shared.len().await)) });
-            }
-            Request::DeadLetters(reply) => {
-                tokio::spawn(async move { drop(reply.send(shared.dead_letters().await)) });
-            }
-            Request::Ack(id, token, reply) => {
+            Request::Finishing(token) => {
                 self.held.remove(&token);
-                tokio::spawn(async move {
-                    drop(reply.send(shared.finish(&id, token, "ack", 0, "").await))
-                });
             }
-            Request::Retry(id, token, attempt, after, reply) => {
-                self.held.remove(&token);
-                let delay = after.unwrap_or_else(|| shared.settings.policy.jittered_delay(attempt));
-                let delay = super::delay_ms(delay);
-                tokio::spawn(async move {
-                    drop(reply.send(shared.finish(&id, token, "retry", delay, "").await))
-                });
-            }
-            Request::Fail(id, token, reason, reply) => {
-                self.held.remove(&token);
-                tokio::spawn(async move {
-                    drop(reply.send(shared.finish(&id, token, "dead", 0, &reason).await))
-                });
-            }
+            // Handles and deliveries of a Redis queue call the server directly.
+            Request::Extend(..)
+            | Request::Schedule(..)
+            | Request::Cancel(..)
+            | Request::Reschedule(..)
+            | Request::Redrive(..)
+            | Request::Len(..)
+            | Request::DeadLetters(..)
+            | Request::Ack(..)
+            | Request::Retry(..)
+            | Request::Fail(..) => debug_assert!(false, "routed to the server directly"),
         }
     }
 }
@@ -1032,7 +984,7 @@ impl Shared {
         .await
     }
 
-    async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+    pub(crate) async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
         let id = task.id.clone().unwrap_or_else(TaskId::generate);
         // A delay goes to the server as a delay: its clock, not ours, resolves it.
         let (mode, ms) = match task.due {
@@ -1063,7 +1015,7 @@ impl Shared {
         }
     }
 
-    async fn change(&self, id: &str, op: &str, due: u64) -> Result<bool, Error> {
+    pub(crate) async fn change(&self, id: &str, op: &str, due: u64) -> Result<bool, Error> {
         let keys = &self.keys;
         let changed: i64 = self
             .invoke(
@@ -1075,14 +1027,22 @@ impl Shared {
         Ok(changed == 1)
     }
 
-    async fn finish(
+    /// Finishes the delivery `token` of task `id` (its `attempt`-th).
+    pub(crate) async fn finish(
         &self,
         id: &str,
         token: u64,
-        outcome: &str,
-        delay: u64,
-        reason: &str,
+        attempt: u32,
+        outcome: Outcome,
     ) -> Result<(), Error> {
+        let (outcome, delay, reason) = match outcome {
+            Outcome::Ack => ("ack", 0, String::new()),
+            Outcome::Retry(after) => {
+                let delay = after.unwrap_or_else(|| self.settings.policy.jittered_delay(attempt));
+                ("retry", super::delay_ms(delay), String::new())
+            }
+            Outcome::Fail(reason) => ("dead", 0, reason),
+        };
         let keys = &self.keys;
         let window = super::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW));
         // Its retries (same arguments) are recognised, another finish of the same delivery
@@ -1122,7 +1082,11 @@ impl Shared {
 
     /// Sets the leases of these deliveries to end `lease` from now (server time), in pages;
     /// returns how many were still held.
-    async fn extend(&self, deliveries: &[(String, u64)], lease: Duration) -> Result<usize, Error> {
+    pub(crate) async fn extend(
+        &self,
+        deliveries: &[(String, u64)],
+        lease: Duration,
+    ) -> Result<usize, Error> {
         let mut held = 0;
         for page in deliveries.chunks(PAGE) {
             let mut args = redis_args!["tw-extend", super::delay_ms(lease)];
@@ -1161,7 +1125,7 @@ impl Shared {
         Ok(())
     }
 
-    async fn len(&self) -> Result<usize, Error> {
+    pub(crate) async fn len(&self) -> Result<usize, Error> {
         let (due, inflight): (usize, usize) = with_retries(|| {
             let mut connection = self.connection.clone();
             let mut pipe = redis::pipe();
@@ -1173,7 +1137,7 @@ impl Shared {
     }
 
     /// The dead letters, read a page of [`PAGE`] at a time so no command grows with the list.
-    async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
+    pub(crate) async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
         let mut letters = Vec::new();
         let mut start = 0;
         loop {
