@@ -47,15 +47,17 @@ fn result(metric: &str, value: impl std::fmt::Display) {
     println!("RESULT {metric} {value}");
 }
 
+/// Whether to run a phase: all of them, or those named in `ONLY` (comma-separated).
+fn wanted(phase: &str) -> bool {
+    std::env::var("ONLY").map_or(true, |only| only.split(',').any(|p| p == phase))
+}
+
 fn rate(count: usize, elapsed: Duration) -> String {
     format!("{:.0}", count as f64 / elapsed.as_secs_f64())
 }
 
 fn redis_command<T: redis::FromRedisValue>(url: &str, command: &mut redis::Cmd) -> T {
-    let mut connection = redis::Client::open(url)
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
     command.query(&mut connection).unwrap()
 }
 
@@ -175,191 +177,205 @@ async fn main() {
     let (_server, url) = redis_server::start();
 
     // Schedule rate: tasks an hour ahead.
-    flush(&url);
-    let wheel = Wheel::new();
-    let producer = DurableQueue::builder()
-        .redis(&url, QUEUE, &wheel)
-        .await
-        .unwrap();
-    let far = now_ms() + 3_600_000;
-    let elapsed = produce(&producer, count, Some(std::sync::Arc::new(move |_| far))).await;
-    result("schedule_per_s", rate(count, elapsed));
-    wheel.shutdown().await;
+    if wanted("schedule") {
+        flush(&url);
+        let wheel = Wheel::new();
+        let producer = DurableQueue::builder()
+            .redis(&url, QUEUE, &wheel)
+            .await
+            .unwrap();
+        let far = now_ms() + 3_600_000;
+        let elapsed = produce(&producer, count, Some(std::sync::Arc::new(move |_| far))).await;
+        result("schedule_per_s", rate(count, elapsed));
+        wheel.shutdown().await;
+    }
 
     for workers in [1, 4] {
         // Immediate: workers running, tasks scheduled due now.
-        flush(&url);
-        let wheel = Wheel::new();
-        let producer = DurableQueue::builder()
-            .redis(&url, QUEUE, &wheel)
-            .await
-            .unwrap();
-        let (sender, mut done) = mpsc::unbounded_channel();
-        for _ in 0..workers {
-            worker(&url, &wheel, lease, &sender, false).await;
+        if wanted("immediate") {
+            flush(&url);
+            let wheel = Wheel::new();
+            let producer = DurableQueue::builder()
+                .redis(&url, QUEUE, &wheel)
+                .await
+                .unwrap();
+            let (sender, mut done) = mpsc::unbounded_channel();
+            for _ in 0..workers {
+                worker(&url, &wheel, lease, &sender, false).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let start = Instant::now();
+            let producing = {
+                let producer = producer.clone();
+                tokio::spawn(async move { produce(&producer, count, None).await })
+            };
+            let ok = receive(&mut done, count, Duration::from_secs(120))
+                .await
+                .is_some();
+            producing.await.unwrap();
+            let value = if ok {
+                rate(count, start.elapsed())
+            } else {
+                "failed".into()
+            };
+            result(&format!("immediate_{workers}_per_s"), value);
+            wheel.shutdown().await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let start = Instant::now();
-        let producing = {
-            let producer = producer.clone();
-            tokio::spawn(async move { produce(&producer, count, None).await })
-        };
-        let ok = receive(&mut done, count, Duration::from_secs(120))
-            .await
-            .is_some();
-        producing.await.unwrap();
-        let value = if ok {
-            rate(count, start.elapsed())
-        } else {
-            "failed".into()
-        };
-        result(&format!("immediate_{workers}_per_s"), value);
-        wheel.shutdown().await;
 
         // Backlog: tasks waiting before the workers start.
-        flush(&url);
-        let wheel = Wheel::new();
-        let producer = DurableQueue::builder()
-            .redis(&url, QUEUE, &wheel)
-            .await
-            .unwrap();
-        produce(&producer, count, None).await;
-        let (sender, mut done) = mpsc::unbounded_channel();
-        let start = Instant::now();
-        for _ in 0..workers {
-            worker(&url, &wheel, lease, &sender, false).await;
+        if wanted("backlog") {
+            flush(&url);
+            let wheel = Wheel::new();
+            let producer = DurableQueue::builder()
+                .redis(&url, QUEUE, &wheel)
+                .await
+                .unwrap();
+            produce(&producer, count, None).await;
+            let (sender, mut done) = mpsc::unbounded_channel();
+            let start = Instant::now();
+            for _ in 0..workers {
+                worker(&url, &wheel, lease, &sender, false).await;
+            }
+            let ok = receive(&mut done, count, Duration::from_secs(120))
+                .await
+                .is_some();
+            let value = if ok {
+                rate(count, start.elapsed())
+            } else {
+                "failed".into()
+            };
+            result(&format!("backlog_{workers}_per_s"), value);
+            wheel.shutdown().await;
         }
-        let ok = receive(&mut done, count, Duration::from_secs(120))
-            .await
-            .is_some();
-        let value = if ok {
-            rate(count, start.elapsed())
-        } else {
-            "failed".into()
-        };
-        result(&format!("backlog_{workers}_per_s"), value);
-        wheel.shutdown().await;
     }
 
     // Lateness: 2000 tasks due over the next 0.5–2.5 s, one worker waiting.
-    flush(&url);
-    let wheel = Wheel::new();
-    let producer = DurableQueue::builder()
-        .redis(&url, QUEUE, &wheel)
-        .await
-        .unwrap();
-    let (sender, mut done) = mpsc::unbounded_channel();
-    worker(&url, &wheel, lease, &sender, false).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let first = now_ms() + 500;
-    let delayed = 2_000;
-    produce(
-        &producer,
-        delayed,
-        Some(std::sync::Arc::new(move |i| first + i as u64)),
-    )
-    .await;
-    match receive(&mut done, delayed, Duration::from_secs(60)).await {
-        Some(mut late) => {
-            late.sort_unstable();
-            let early = late.iter().filter(|&&l| l < 0).count();
-            result("late_p50_ms", late[late.len() / 2]);
-            result("late_p99_ms", late[late.len() * 99 / 100]);
-            result(
-                "early_pct",
-                format!("{:.1}", early as f64 * 100.0 / late.len() as f64),
-            );
+    if wanted("lateness") {
+        flush(&url);
+        let wheel = Wheel::new();
+        let producer = DurableQueue::builder()
+            .redis(&url, QUEUE, &wheel)
+            .await
+            .unwrap();
+        let (sender, mut done) = mpsc::unbounded_channel();
+        worker(&url, &wheel, lease, &sender, false).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let first = now_ms() + 500;
+        let delayed = 2_000;
+        produce(
+            &producer,
+            delayed,
+            Some(std::sync::Arc::new(move |i| first + i as u64)),
+        )
+        .await;
+        match receive(&mut done, delayed, Duration::from_secs(60)).await {
+            Some(mut late) => {
+                late.sort_unstable();
+                let early = late.iter().filter(|&&l| l < 0).count();
+                result("late_p50_ms", late[late.len() / 2]);
+                result("late_p99_ms", late[late.len() * 99 / 100]);
+                result(
+                    "early_pct",
+                    format!("{:.1}", early as f64 * 100.0 / late.len() as f64),
+                );
+            }
+            None => result("late_p50_ms", "failed"),
         }
-        None => result("late_p50_ms", "failed"),
+        wheel.shutdown().await;
     }
-    wheel.shutdown().await;
 
     // Idle: one worker, nothing to do, for 5 s (1 s in quick mode).
-    flush(&url);
-    let wheel = Wheel::new();
-    let (sender, _done) = mpsc::unbounded_channel();
-    worker(&url, &wheel, lease, &sender, false).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle = Duration::from_secs(if quick { 1 } else { 5 });
-    let before = commands_processed(&url);
-    tokio::time::sleep(idle).await;
-    let after = commands_processed(&url);
-    // The INFO that read `before` counts as one.
-    result(
-        "idle_cmds_per_s_per_worker",
-        format!("{:.0}", (after - before - 1) as f64 / idle.as_secs_f64()),
-    );
-    wheel.shutdown().await;
+    if wanted("idle") {
+        flush(&url);
+        let wheel = Wheel::new();
+        let (sender, _done) = mpsc::unbounded_channel();
+        worker(&url, &wheel, lease, &sender, false).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle = Duration::from_secs(if quick { 1 } else { 5 });
+        let before = commands_processed(&url);
+        tokio::time::sleep(idle).await;
+        let after = commands_processed(&url);
+        // The INFO that read `before` counts as one.
+        result(
+            "idle_cmds_per_s_per_worker",
+            format!("{:.0}", (after - before - 1) as f64 / idle.as_secs_f64()),
+        );
+        wheel.shutdown().await;
+    }
 
     // Redelivery after a killed worker: it takes 100 tasks and never finishes them; its
     // runtime is dropped (every task gone at once, as in a kill); a second worker waits.
-    flush(&url);
-    let (sender, mut done) = mpsc::unbounded_channel();
-    let victim = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let victim_wheel = {
-        let (url, sender) = (url.clone(), sender.clone());
-        victim
-            .spawn(async move {
-                let wheel = Wheel::new();
-                worker(&url, &wheel, lease, &sender, true).await;
-                wheel
-            })
+    if wanted("redelivery") {
+        flush(&url);
+        let (sender, mut done) = mpsc::unbounded_channel();
+        let victim = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let victim_wheel = {
+            let (url, sender) = (url.clone(), sender.clone());
+            victim
+                .spawn(async move {
+                    let wheel = Wheel::new();
+                    worker(&url, &wheel, lease, &sender, true).await;
+                    wheel
+                })
+                .await
+                .unwrap()
+        };
+        let wheel = Wheel::new();
+        let producer = DurableQueue::builder()
+            .redis(&url, QUEUE, &wheel)
             .await
-            .unwrap()
-    };
-    let wheel = Wheel::new();
-    let producer = DurableQueue::builder()
-        .redis(&url, QUEUE, &wheel)
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    produce(&producer, 100, None).await;
-    let mut taken = 0;
-    while taken < 100 {
-        if let Some((true, _)) = done.recv().await {
-            taken += 1;
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        produce(&producer, 100, None).await;
+        let mut taken = 0;
+        while taken < 100 {
+            if let Some((true, _)) = done.recv().await {
+                taken += 1;
+            }
         }
+        worker(&url, &wheel, lease, &sender, false).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        victim.shutdown_background();
+        drop(victim_wheel);
+        let killed = Instant::now();
+        match receive(&mut done, 100, Duration::from_secs(600)).await {
+            Some(_) => result(
+                "redelivery_s",
+                format!("{:.2}", killed.elapsed().as_secs_f64()),
+            ),
+            None => result("redelivery_s", "never"),
+        }
+        wheel.shutdown().await;
     }
-    worker(&url, &wheel, lease, &sender, false).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    victim.shutdown_background();
-    drop(victim_wheel);
-    let killed = Instant::now();
-    match receive(&mut done, 100, Duration::from_secs(600)).await {
-        Some(_) => result(
-            "redelivery_s",
-            format!("{:.2}", killed.elapsed().as_secs_f64()),
-        ),
-        None => result("redelivery_s", "never"),
-    }
-    wheel.shutdown().await;
 
     // Due at once: `at_once` tasks due at the same instant, four workers.
-    flush(&url);
-    let wheel = Wheel::new();
-    let producer = DurableQueue::builder()
-        .redis(&url, QUEUE, &wheel)
-        .await
-        .unwrap();
-    let (sender, mut done) = mpsc::unbounded_channel();
-    for _ in 0..4 {
-        worker(&url, &wheel, lease, &sender, false).await;
+    if wanted("at_once") {
+        flush(&url);
+        let wheel = Wheel::new();
+        let producer = DurableQueue::builder()
+            .redis(&url, QUEUE, &wheel)
+            .await
+            .unwrap();
+        let (sender, mut done) = mpsc::unbounded_channel();
+        for _ in 0..4 {
+            worker(&url, &wheel, lease, &sender, false).await;
+        }
+        let now = now_ms();
+        let start = Instant::now();
+        produce(&producer, at_once, Some(std::sync::Arc::new(move |_| now))).await;
+        let ok = receive(&mut done, at_once, Duration::from_secs(120))
+            .await
+            .is_some();
+        let value = if ok {
+            format!("{}/s", rate(at_once, start.elapsed()))
+        } else {
+            "failed".into()
+        };
+        result(&format!("due_at_once_{at_once}"), value);
+        wheel.shutdown().await;
     }
-    let now = now_ms();
-    let start = Instant::now();
-    produce(&producer, at_once, Some(std::sync::Arc::new(move |_| now))).await;
-    let ok = receive(&mut done, at_once, Duration::from_secs(120))
-        .await
-        .is_some();
-    let value = if ok {
-        format!("{}/s", rate(at_once, start.elapsed()))
-    } else {
-        "failed".into()
-    };
-    result(&format!("due_at_once_{at_once}"), value);
-    wheel.shutdown().await;
 }

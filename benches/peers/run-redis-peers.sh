@@ -53,6 +53,7 @@ metrics = []
 for (_, metric) in runs:
     if metric not in metrics:
         metrics.append(metric)
+# Lateness counts both ways: early (negative) is worse than late, so compare distances from 0.
 lower_is_better = ('late_', 'early', 'idle', 'redelivery')
 print("| metric | tokio-wheel | apalis-redis | tokio-wheel vs apalis |")
 print("|---|---|---|---|")
@@ -61,7 +62,8 @@ for metric in metrics:
     ratio = ""
     if isinstance(ours, float) and isinstance(theirs, float):
         if metric.startswith(lower_is_better):
-            ratio = "better" if ours < theirs else ("equal" if ours == theirs else "worse")
+            a, b = abs(ours), abs(theirs)
+            ratio = "better" if a < b else ("equal" if a == b else "worse")
         elif theirs:
             ratio = f"{ours / theirs:.2f}×"
     fmt = lambda v: f"{v:g}" if isinstance(v, float) else v

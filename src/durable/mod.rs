@@ -45,8 +45,17 @@
 //! - **At least once:** a task is deleted only by `ack`. A delivery neither acked nor retried
 //!   within its lease (a crash, a hang, a dropped [`Delivery`]) is delivered again, with its
 //!   attempt count raised. While every delivery is acked or retried within its lease, each task
-//!   is delivered exactly once. `ack` after the task was handed out again returns
-//!   [`Error::LeaseLost`]; it never returns `Ok` without deleting.
+//!   is delivered exactly once. `ack`, `retry`, `retry_after` and `fail` after the task was
+//!   handed out again return [`Error::LeaseLost`] and change nothing; `ack` never returns `Ok`
+//!   without deleting.
+//! - **Leases from hand-out:** a lease starts when the stream yields the delivery, not while
+//!   the task waits in the prefetch buffer. [`Delivery::extend`] and
+//!   [`Builder::keep_alive`] keep a long job's lease.
+//! - **Under faults:** a delivery carries exactly the payload that was scheduled; a call
+//!   retried after a lost reply is recognised; due times and leases are judged by the store's
+//!   clock (Redis: the server's `TIME`), never a worker's; a failed commit never strands a
+//!   stream nor redelivers a live lease; every store step touches a bounded batch. The
+//!   README's "What the durable queue guarantees under faults" lists each with its test.
 //! - **Restarts:** on open, pending tasks reload; overdue ones are delivered at once, in due
 //!   order (ties in schedule order); tasks in flight when the previous holder died are
 //!   delivered again at once.

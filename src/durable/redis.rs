@@ -94,12 +94,22 @@ local function record(st, d, seq, att, tok, reason, call)
   return st .. '|' .. fmt(d) .. '|' .. fmt(seq) .. '|' .. fmt(att) .. '|' .. tok .. '|' ..
     (call or '') .. '|' .. reason
 end
--- Before a task becomes pending at `due`: wake the workers only if it is earlier than every
--- pending task, i.e. earlier than anything they know of.
-local function announce(duekey, channel, due)
+-- Wakes one idle worker (one with room for more that found nothing to claim) to claim now.
+-- A worker that is gone has no subscriber on its channel: try the next.
+local function wake_one(idle)
+  for _ = 1, 8 do
+    local worker = redis.call('ZPOPMIN', idle)
+    if #worker == 0 then return end
+    if redis.call('PUBLISH', worker[1], 'claim') > 0 then return end
+  end
+end
+-- Before a task becomes pending at `due`: only if it is earlier than every pending task (so
+-- earlier than anything a worker knows of), wake one idle worker if it is due already, or tell
+-- every worker its due time (they re-arm their wheels; no call) if it is not.
+local function announce(duekey, channel, idle, due, now)
   local head = redis.call('ZRANGE', duekey, 0, 0, 'WITHSCORES')
   if head[2] == nil or due < tonumber(head[2]) then
-    redis.call('PUBLISH', channel, fmt(due))
+    if due <= now then wake_one(idle) else redis.call('PUBLISH', channel, fmt(due)) end
   end
 end
 "#,
@@ -108,7 +118,7 @@ end
     };
 }
 
-/// KEYS: payload meta due dead seq; ARGV: name id payload mode(at|after) ms channel call.
+/// KEYS: payload meta due dead seq idle; ARGV: name id payload mode(at|after) ms channel call.
 const SCHEDULE: &str = lua!(
     r#"
 local now = now_ms()
@@ -126,14 +136,16 @@ end
 local seq = redis.call('INCR', KEYS[5])
 redis.call('HSET', KEYS[1], id, ARGV[3])
 redis.call('HSET', KEYS[2], id, record('p', due, seq, 0, '0', '', ARGV[7]))
-announce(KEYS[3], ARGV[6], due)
+announce(KEYS[3], ARGV[6], KEYS[6], due, now)
 redis.call('ZADD', KEYS[3], due, member(seq, id))
 return 'OK'
 "#
 );
 
-/// KEYS: meta due inflight dead token payload record previous-record;
-/// ARGV: name lease wanted max-attempts channel expire-batch.
+/// KEYS: meta due inflight dead token payload record previous-record idle;
+/// ARGV: name lease wanted max-attempts channel expire-batch worker-channel.
+/// A worker left with room (it claimed fewer than it wanted) joins the idle set, to be woken
+/// alone when a task becomes due; one that filled up while due tasks remain wakes another.
 /// Returns: now, next due, next lease end, more (1 if expired leases remain), then
 /// id, due, attempt, token, payload for each task handed out.
 const CLAIM: &str = lua!(
@@ -175,7 +187,7 @@ else
         redis.call('ZADD', KEYS[4], seq, id)
       else
         if not announced then
-          announce(KEYS[2], ARGV[5], now)
+          announce(KEYS[2], ARGV[5], KEYS[9], now, now)
           announced = true
         end
         redis.call('HSET', KEYS[1], id, record('p', now, seq, att, '0', '', call))
@@ -203,6 +215,17 @@ else
       table.insert(out, redis.call('HGET', KEYS[6], id) or '')
     end
     if #due > 0 then redis.call('PEXPIRE', KEYS[7], lease) end
+    if #due < wanted then
+      redis.call('ZADD', KEYS[9], now, ARGV[7])
+    else
+      redis.call('ZREM', KEYS[9], ARGV[7])
+    end
+  else
+    redis.call('ZREM', KEYS[9], ARGV[7])
+  end
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) <= now and (wanted == 0 or #out == wanted * 5) then
+    wake_one(KEYS[9])
   end
 end
 local nd = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
@@ -213,7 +236,7 @@ return head
 "#
 );
 
-/// KEYS: payload meta inflight due dead mark;
+/// KEYS: payload meta inflight due dead mark idle;
 /// ARGV: name id token outcome(ack|retry|dead) delay reason channel max-attempts window call.
 /// A retry of the last attempt goes to the dead letters. Returns 1 if this call took effect
 /// (now, or before when its reply was lost: the mark names the call), 0 if the lease was lost
@@ -233,7 +256,7 @@ if m then
     elseif outcome == 'retry' and att < tonumber(ARGV[8]) then
       local due = now + tonumber(ARGV[5])
       redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
-      announce(KEYS[4], ARGV[7], due)
+      announce(KEYS[4], ARGV[7], KEYS[7], due, now)
       redis.call('ZADD', KEYS[4], due, member(seq, id))
     else
       local reason = ARGV[6]
@@ -274,10 +297,11 @@ return out
 "#
 );
 
-/// KEYS: meta inflight due; ARGV: name channel (id token)…; returns claims never handed out:
-/// pending again at their due time, the delivery not counted.
+/// KEYS: meta inflight due idle; ARGV: name channel (id token)…; returns claims never handed
+/// out: pending again at their due time, the delivery not counted.
 const RELEASE: &str = lua!(
     r#"
+local now = now_ms()
 local n = 0
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]
@@ -287,7 +311,7 @@ for i = 3, #ARGV, 2 do
     if st == 'i' and t == ARGV[i + 1] then
       redis.call('ZREM', KEYS[2], id)
       redis.call('HSET', KEYS[1], id, record('p', d, seq, math.max(att - 1, 0), '0', '', call))
-      announce(KEYS[3], ARGV[2], d)
+      announce(KEYS[3], ARGV[2], KEYS[4], d, now)
       redis.call('ZADD', KEYS[3], d, member(seq, id))
       n = n + 1
     end
@@ -297,10 +321,11 @@ return n
 "#
 );
 
-/// KEYS: payload meta due dead; ARGV: name id op(cancel|reschedule|redrive) due channel.
+/// KEYS: payload meta due dead idle; ARGV: name id op(cancel|reschedule|redrive) due channel.
 const CHANGE: &str = lua!(
     r#"
 local id = ARGV[2]
+local now = now_ms()
 local m = redis.call('HGET', KEYS[2], id)
 if not m then return 0 end
 local st, d, seq, att, tok, reason, call = parse(m)
@@ -314,14 +339,13 @@ elseif op == 'reschedule' and st == 'p' then
   local due = tonumber(ARGV[4])
   redis.call('ZREM', KEYS[3], member(seq, id))
   redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
-  announce(KEYS[3], ARGV[5], due)
+  announce(KEYS[3], ARGV[5], KEYS[5], due, now)
   redis.call('ZADD', KEYS[3], due, member(seq, id))
   return 1
 elseif op == 'redrive' and st == 'd' then
-  local now = now_ms()
   redis.call('ZREM', KEYS[4], id)
   redis.call('HSET', KEYS[2], id, record('p', now, seq, 0, '0', '', call))
-  announce(KEYS[3], ARGV[5], now)
+  announce(KEYS[3], ARGV[5], KEYS[5], now, now)
   redis.call('ZADD', KEYS[3], now, member(seq, id))
   return 1
 end
@@ -348,6 +372,8 @@ struct Keys {
     dead: String,
     seq: String,
     token: String,
+    /// Workers with room for more that found nothing due: the one to wake for a due task.
+    idle: String,
     channel: String,
 }
 
@@ -363,6 +389,7 @@ impl Keys {
             dead: key("dead"),
             seq: key("seq"),
             token: key("token"),
+            idle: key("idle"),
             channel: key("wake"),
             prefix,
         }
@@ -371,6 +398,16 @@ impl Keys {
     /// Where the outcome of the delivery with this token is remembered for a while.
     fn mark(&self, token: u64) -> String {
         format!("{}done:{token}", self.prefix)
+    }
+
+    /// The channel that wakes one worker alone.
+    fn worker_channel(&self, claimer: &str) -> String {
+        format!("{}wake:{claimer}", self.prefix)
+    }
+
+    /// The channels a worker listens on: every worker's, and its own.
+    fn clone_channels(&self, claimer: &str) -> (String, String) {
+        (self.channel.clone(), self.worker_channel(claimer))
     }
 
     /// Where one claim call records what it handed out.
@@ -463,10 +500,12 @@ pub(crate) async fn start(
     let (requests, receiver) = mpsc::unbounded_channel();
     let (wake_sender, wakes) = mpsc::unbounded_channel();
     let attachment = attach(wheel);
-    let listener =
-        attachment
-            .runtime
-            .spawn(listen(client, shared.keys.channel.clone(), wake_sender));
+    let claimer = TaskId::generate().0;
+    let listener = attachment.runtime.spawn(listen(
+        client,
+        shared.keys.clone_channels(&claimer),
+        wake_sender,
+    ));
     let engine = RedisEngine {
         shared: shared.clone(),
         requests: receiver,
@@ -475,7 +514,8 @@ pub(crate) async fn start(
         wheel: wheel.clone(),
         shutdown: attachment.shutdown,
         wakes,
-        claimer: TaskId::generate().0,
+        own_channel: shared.keys.worker_channel(&claimer),
+        claimer,
         claims: 0,
         offset_ms: 0,
         next_due: None,
@@ -498,8 +538,10 @@ pub(crate) async fn start(
     Ok((requests, shared))
 }
 
-/// What the wake channel tells the engine.
+/// What the wake channels tell the engine.
 enum Wake {
+    /// This worker was picked to claim a task that is due (on its own channel).
+    Claim,
     /// A task became pending at this server time, earlier than any other.
     Due(u64),
     /// (Re)subscribed: anything may have happened while away.
@@ -508,19 +550,27 @@ enum Wake {
 
 /// Subscribes to the queue's wake channel, resubscribing after connection loss, and passes
 /// every message to the engine.
-async fn listen(client: redis::Client, channel: String, wake: mpsc::UnboundedSender<Wake>) {
+async fn listen(
+    client: redis::Client,
+    (shared, own): (String, String),
+    wake: mpsc::UnboundedSender<Wake>,
+) {
     let mut delay = Duration::from_millis(50);
     loop {
         if let Ok(mut pubsub) = client.get_async_pubsub().await {
-            if pubsub.subscribe(&channel).await.is_ok() {
+            if pubsub.subscribe(&[&shared, &own]).await.is_ok() {
                 delay = Duration::from_millis(50);
                 if wake.send(Wake::Refresh).is_err() {
                     return;
                 }
                 let mut messages = pubsub.on_message();
                 while let Some(message) = messages.next().await {
-                    let due = message.get_payload::<u64>().unwrap_or(0);
-                    if wake.send(Wake::Due(due)).is_err() {
+                    let event = if message.get_channel_name() == own {
+                        Wake::Claim
+                    } else {
+                        Wake::Due(message.get_payload::<u64>().unwrap_or(0))
+                    };
+                    if wake.send(event).is_err() {
                         return;
                     }
                 }
@@ -551,6 +601,8 @@ struct RedisEngine {
     wakes: mpsc::UnboundedReceiver<Wake>,
     /// Names this engine's claim records; `claims` counts its claim calls.
     claimer: String,
+    /// Where the server wakes this worker alone.
+    own_channel: String,
     claims: u64,
     /// Server clock minus this process's wall clock (ms), from the last claim: used only to
     /// arm the wheel, never to decide what is due.
@@ -691,7 +743,7 @@ impl RedisEngine {
             Wake::Due(due) => {
                 self.next_due = Some(self.next_due.map_or(due, |known| known.min(due)));
             }
-            Wake::Refresh => self.refresh = true,
+            Wake::Refresh | Wake::Claim => self.refresh = true,
         }
     }
 
@@ -722,6 +774,7 @@ impl RedisEngine {
                     &keys.payload,
                     &record,
                     &previous,
+                    &keys.idle,
                 ],
                 redis_args![
                     "tw-claim",
@@ -729,7 +782,8 @@ impl RedisEngine {
                     wanted,
                     settings.policy.attempts(),
                     &keys.channel,
-                    EXPIRE_BATCH
+                    EXPIRE_BATCH,
+                    &self.own_channel
                 ],
             )
             .await?;
@@ -997,7 +1051,14 @@ impl Shared {
         let answer: String = self
             .invoke(
                 &self.scripts.schedule,
-                &[&keys.payload, &keys.meta, &keys.due, &keys.dead, &keys.seq],
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.seq,
+                    &keys.idle,
+                ],
                 redis_args![
                     "tw-schedule",
                     id.as_str(),
@@ -1020,7 +1081,7 @@ impl Shared {
         let changed: i64 = self
             .invoke(
                 &self.scripts.change,
-                &[&keys.payload, &keys.meta, &keys.due, &keys.dead],
+                &[&keys.payload, &keys.meta, &keys.due, &keys.dead, &keys.idle],
                 redis_args!["tw-change", id, op, due, &keys.channel],
             )
             .await?;
@@ -1058,6 +1119,7 @@ impl Shared {
                     &keys.due,
                     &keys.dead,
                     &keys.mark(token),
+                    &keys.idle,
                 ],
                 redis_args![
                     "tw-finish",
@@ -1117,7 +1179,12 @@ impl Shared {
             let _: i64 = self
                 .invoke(
                     &self.scripts.release,
-                    &[&self.keys.meta, &self.keys.inflight, &self.keys.due],
+                    &[
+                        &self.keys.meta,
+                        &self.keys.inflight,
+                        &self.keys.due,
+                        &self.keys.idle,
+                    ],
                     args,
                 )
                 .await?;
