@@ -243,7 +243,6 @@ return head
 /// — including a second, different finish of the same delivery.
 const FINISH: &str = lua!(
     r#"
-local now = now_ms()
 local id, tok, outcome = ARGV[2], ARGV[3], ARGV[4]
 local m = redis.call('HGET', KEYS[2], id)
 if m then
@@ -254,6 +253,7 @@ if m then
       redis.call('HDEL', KEYS[1], id)
       redis.call('HDEL', KEYS[2], id)
     elseif outcome == 'retry' and att < tonumber(ARGV[8]) then
+      local now = now_ms()
       local due = now + tonumber(ARGV[5])
       redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
       announce(KEYS[4], ARGV[7], KEYS[7], due, now)
@@ -406,7 +406,7 @@ impl Keys {
     }
 
     /// The channels a worker listens on: every worker's, and its own.
-    fn clone_channels(&self, claimer: &str) -> (String, String) {
+    fn channels(&self, claimer: &str) -> (String, String) {
         (self.channel.clone(), self.worker_channel(claimer))
     }
 
@@ -501,11 +501,10 @@ pub(crate) async fn start(
     let (wake_sender, wakes) = mpsc::unbounded_channel();
     let attachment = attach(wheel);
     let claimer = TaskId::generate().0;
-    let listener = attachment.runtime.spawn(listen(
-        client,
-        shared.keys.clone_channels(&claimer),
-        wake_sender,
-    ));
+    let listener =
+        attachment
+            .runtime
+            .spawn(listen(client, shared.keys.channels(&claimer), wake_sender));
     let engine = RedisEngine {
         shared: shared.clone(),
         requests: receiver,
