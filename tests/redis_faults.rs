@@ -458,7 +458,9 @@ fn expired_leases_come_back_in_batches_while_redis_keeps_answering() {
         .enable_all()
         .build()
         .unwrap();
-    let lease = Duration::from_secs(2);
+    // Long enough that no lease ends while the holder is still claiming (the holder would
+    // move it back itself): then they all have ended when the next worker looks.
+    let lease = Duration::from_millis(2_000 + count as u64 / 10);
     let url = server.url();
     // The holder: claims everything and is gone (its wheel stops: nothing renews).
     runtime.block_on(async {
