@@ -31,6 +31,7 @@ struct Fixture {
     path: std::path::PathBuf,
     wheel: Wheel,
     backend: Backend,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     redis: Option<support::redis_server::RedisServer>,
 }
 
