@@ -527,14 +527,36 @@ impl Engine {
         }
     }
 
-    /// Journals and unindexes `id`, ends its flight, and returns its task to be changed.
-    fn take_for_change(&mut self, id: &str) -> StoredTask {
-        self.journal(id);
+    /// Unindexes `id`, ends its flight and takes its task out, journaling how it was (the
+    /// journal keeps the original: nothing is copied for it). Returns the original.
+    fn detach(&mut self, id: &str) -> &StoredTask {
         self.unindex(id);
-        if let Some(token) = self.tokens.remove(id) {
-            self.flights.remove(&token);
-        }
-        self.tasks[id].clone()
+        let flight = self.tokens.remove(id).map(|token| {
+            (
+                token,
+                self.flights.remove(&token).expect("a flight per token"),
+            )
+        });
+        let task = self.tasks.remove(id);
+        self.undo.push(Undo {
+            id: id.to_owned(),
+            task,
+            flight,
+        });
+        self.undo
+            .last()
+            .and_then(|undo| undo.task.as_ref())
+            .expect("present")
+    }
+
+    /// A copy of `id`'s task to be changed and stored again with [`put`](Engine::put).
+    fn take_for_change(&mut self, id: &str) -> StoredTask {
+        self.detach(id).clone()
+    }
+
+    fn delete(&mut self, id: String) {
+        self.detach(&id);
+        self.mutations.push(Mutation::Delete(id));
     }
 
     /// Stores `task` (replacing any task of its id) and indexes it.
@@ -543,11 +565,6 @@ impl Engine {
         let id = task.id.clone();
         self.tasks.insert(id.clone(), task);
         self.index(&id);
-    }
-
-    fn delete(&mut self, id: String) {
-        self.tasks.remove(&id);
-        self.mutations.push(Mutation::Delete(id));
     }
 
     fn pend(&mut self, mut task: StoredTask, due_ms: u64) {
@@ -573,7 +590,6 @@ impl Engine {
             Request::Cancel(id, reply) => {
                 let pending = self.state_of(&id) == Some(TaskState::Pending);
                 if pending {
-                    self.take_for_change(&id);
                     self.delete(id);
                 }
                 self.answers.push(answer(reply, Ok(pending)));
@@ -621,7 +637,6 @@ impl Engine {
             Request::Ack(id, token, reply) => {
                 let held = self.holds(&id, token);
                 if held {
-                    self.take_for_change(&id);
                     self.delete(id);
                 }
                 self.answers.push(answer(reply, lease_result(held)));
@@ -759,7 +774,7 @@ impl Engine {
         match self.state_of(id.as_str()) {
             Some(TaskState::InFlight) => return Err(Error::InFlight),
             Some(_) => {
-                self.take_for_change(id.as_str());
+                self.detach(id.as_str());
             }
             None => self.journal(id.as_str()),
         }
