@@ -313,15 +313,23 @@ impl Engine {
             self.step().await;
         }
         tracing::debug!("durable queue engine stops; its tasks stay in the store");
+        // What is already queued first: a delivery its stream yielded just before the stop is
+        // held, not buffered, and must not be returned. The rest is refused, so no caller
+        // waits for an answer that never comes.
+        self.requests.close();
+        while let Ok(request) = self.requests.try_recv() {
+            match request {
+                Request::HandedOut(_)
+                | Request::Dropped(_)
+                | Request::Release(_)
+                | Request::Finishing(_) => self.handle_request(request),
+                other => refuse(other),
+            }
+        }
         // Buffered claims go back now (best effort: if this commit fails, the next open
         // delivers them again, as after a crash).
         self.begin_close_of_streams();
         self.step().await;
-        // Refuse what is still queued, so no caller waits for an answer that never comes.
-        self.requests.close();
-        while let Ok(request) = self.requests.try_recv() {
-            refuse(request);
-        }
         // Release the store (and its lock) before `close()` returns.
         if let Some(store) = self.store.take() {
             let _ = tokio::task::spawn_blocking(move || drop(store)).await;

@@ -13,7 +13,7 @@
 //! | `tw:{orders}:inflight` | sorted set | in-flight ids, score = lease end (ms) |
 //! | `tw:{orders}:dead` | sorted set | dead ids, score = seq |
 //! | `tw:{orders}:seq`, `tw:{orders}:token` | counters | schedule order, delivery tokens |
-//! | `tw:{orders}:done:<token>` | string, expires after one lease | which call finished the delivery with this token, so that call, retried after a lost reply, is recognised |
+//! | `tw:{orders}:done:<id>` | string, expires after one lease | `token|call|schedule-call` of the task's last finish, so that finish call, and the schedule call that made the task, retried after a lost reply, are recognised |
 //! | `tw:{orders}:claim:<claimer>:<n>` | list, expires after one lease | `id, token, …` of one claim call, so a claim whose reply was lost is answered again |
 //!
 //! # One clock
@@ -118,7 +118,9 @@ end
     };
 }
 
-/// KEYS: payload meta due dead seq idle; ARGV: name id payload mode(at|after) ms channel call.
+/// KEYS: payload meta due dead seq idle mark; ARGV: name id payload mode(at|after) ms channel
+/// call. A call retried after a lost reply is recognised (by the task's record, or by the mark
+/// its ack left) and answers 'OK' without acting again.
 const SCHEDULE: &str = lua!(
     r#"
 local now = now_ms()
@@ -132,6 +134,9 @@ if m then
   if st == 'i' then return 'INFLIGHT' end
   if st == 'p' then redis.call('ZREM', KEYS[3], member(seq, id)) end
   if st == 'd' then redis.call('ZREM', KEYS[4], id) end
+else
+  local mark = redis.call('GET', KEYS[7])
+  if mark and string.match(mark, '|([^|]*)$') == ARGV[7] then return 'OK' end
 end
 local seq = redis.call('INCR', KEYS[5])
 redis.call('HSET', KEYS[1], id, ARGV[3])
@@ -239,8 +244,10 @@ return head
 /// KEYS: payload meta inflight due dead mark idle;
 /// ARGV: name id token outcome(ack|retry|dead) delay reason channel max-attempts window call.
 /// A retry of the last attempt goes to the dead letters. Returns 1 if this call took effect
-/// (now, or before when its reply was lost: the mark names the call), 0 if the lease was lost
-/// — including a second, different finish of the same delivery.
+/// (now, or before when its reply was lost: the mark names the delivery and the call), 0 if
+/// the lease was lost — including a second, different finish of the same delivery. The mark
+/// also names the schedule call that made the task, so that call, retried after the task was
+/// acked, does not make it again.
 const FINISH: &str = lua!(
     r#"
 local id, tok, outcome = ARGV[2], ARGV[3], ARGV[4]
@@ -266,11 +273,15 @@ if m then
       redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason, call))
       redis.call('ZADD', KEYS[5], seq, id)
     end
-    redis.call('SET', KEYS[6], ARGV[10], 'PX', ARGV[9])
+    redis.call('SET', KEYS[6], tok .. '|' .. ARGV[10] .. '|' .. (call or ''), 'PX', ARGV[9])
     return 1
   end
 end
-if redis.call('GET', KEYS[6]) == ARGV[10] then return 1 end
+local mark = redis.call('GET', KEYS[6])
+if mark and string.match(mark, '^(%d+)|([^|]*)|') == tok and
+   select(2, string.match(mark, '^(%d+)|([^|]*)|')) == ARGV[10] then
+  return 1
+end
 return 0
 "#
 );
@@ -396,8 +407,10 @@ impl Keys {
     }
 
     /// Where the outcome of the delivery with this token is remembered for a while.
-    fn mark(&self, token: u64) -> String {
-        format!("{}done:{token}", self.prefix)
+    /// Where the last finish of task `id` is remembered for a while (which delivery, which
+    /// call, and which schedule call made the task).
+    fn mark(&self, id: &str) -> String {
+        format!("{}done:{id}", self.prefix)
     }
 
     /// The channel that wakes one worker alone.
@@ -529,6 +542,7 @@ pub(crate) async fn start(
         renew_at: None,
         closing: Vec::new(),
         close_deadline: None,
+        closing_streams: false,
     };
     attachment.runtime.spawn(async move {
         engine.run().await;
@@ -625,6 +639,8 @@ struct RedisEngine {
     renew_at: Option<Instant>,
     closing: Vec<Reply<()>>,
     close_deadline: Option<Instant>,
+    /// `close()` was called: end the streams and return their buffers in this turn.
+    closing_streams: bool,
 }
 
 impl RedisEngine {
@@ -663,15 +679,25 @@ impl RedisEngine {
                 Some(wake) = self.wakes.recv() => self.woken(wake),
                 () = sleep, if at.is_some() => {}
             }
+            if std::mem::take(&mut self.closing_streams) {
+                self.close_streams().await;
+            }
             self.consumers.retain(|c| !c.sender.is_closed());
         }
-        self.close_streams().await;
+        // What is already queued first: a delivery its stream yielded just before the stop is
+        // held, not buffered, and must not be returned.
         self.requests.close();
         while let Ok(request) = self.requests.try_recv() {
-            if let Request::Close(reply) = request {
-                let _ = reply.send(Ok(()));
+            match request {
+                Request::HandedOut(_)
+                | Request::Dropped(_)
+                | Request::Release(_)
+                | Request::Finishing(_)
+                | Request::Close(_) => self.handle_request(request),
+                _ => {} // dropping its reply answers `Closed`
             }
         }
+        self.close_streams().await;
         for reply in self.closing.drain(..) {
             let _ = reply.send(Ok(()));
         }
@@ -868,8 +894,8 @@ impl RedisEngine {
         });
     }
 
-    /// Ends the streams and returns what they buffered (at close, shutdown, or when every
-    /// handle is gone).
+    /// Ends the streams and returns what they buffered: when `close` is called (before it waits
+    /// for held deliveries), at shutdown, or when every handle is gone.
     async fn close_streams(&mut self) {
         for consumer in self.consumers.drain(..) {
             consumer.close();
@@ -905,21 +931,9 @@ impl RedisEngine {
                 self.closing.push(reply);
                 if self.close_deadline.is_none() {
                     self.close_deadline = Some(Instant::now() + self.shared.settings.close_timeout);
-                    for consumer in self.consumers.drain(..) {
-                        consumer.close();
-                    }
-                    let buffered: Vec<(String, u64)> = self
-                        .buffered
-                        .drain()
-                        .map(|(token, (id, _))| (id, token))
-                        .collect();
-                    if !buffered.is_empty() {
-                        tokio::spawn(async move {
-                            if let Err(error) = shared.release(&buffered).await {
-                                tracing::warn!(%error, "returning buffered claims failed");
-                            }
-                        });
-                    }
+                    // This turn ends the streams and returns their buffers, before the close
+                    // waits for held deliveries.
+                    self.closing_streams = true;
                 }
             }
             Request::HandedOut(token) => {
@@ -1057,6 +1071,7 @@ impl Shared {
                     &keys.dead,
                     &keys.seq,
                     &keys.idle,
+                    &keys.mark(id.as_str()),
                 ],
                 redis_args![
                     "tw-schedule",
@@ -1117,7 +1132,7 @@ impl Shared {
                     &keys.inflight,
                     &keys.due,
                     &keys.dead,
-                    &keys.mark(token),
+                    &keys.mark(id),
                     &keys.idle,
                 ],
                 redis_args![

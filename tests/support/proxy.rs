@@ -117,11 +117,28 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
         }
     });
     let mut buffer = vec![0u8; 64 * 1024];
+    // Once a reply is to be lost: the client's bytes still reach the server until then (the
+    // rest of a command split over several reads), and then the connection goes.
+    let mut cut_at: Option<tokio::time::Instant> = None;
     loop {
-        let n = match client_read.read(&mut buffer).await {
+        let read = client_read.read(&mut buffer);
+        let n = match cut_at {
+            None => read.await,
+            Some(at) => match tokio::time::timeout_at(at, read).await {
+                Ok(read) => read,
+                Err(_) => break,
+            },
+        };
+        let n = match n {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if cut_at.is_some() {
+            if server_write.write_all(&buffer[..n]).await.is_err() {
+                break;
+            }
+            continue;
+        }
         let chunk = &buffer[..n];
         let fault = {
             let mut rules = state.rules.lock().unwrap();
@@ -146,10 +163,11 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
             Some(Fault::LoseReply) => {
                 state.injected.fetch_add(1, Ordering::SeqCst);
                 mute.store(true, Ordering::SeqCst);
-                let _ = server_write.write_all(chunk).await;
+                if server_write.write_all(chunk).await.is_err() {
+                    break;
+                }
                 // Give the server time to run it before the connection goes.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                break;
+                cut_at = Some(tokio::time::Instant::now() + Duration::from_millis(100));
             }
         }
     }
