@@ -159,6 +159,14 @@ local now = now_ms()
 local lease = tonumber(ARGV[2])
 redis.call('DEL', KEYS[8])
 local out = {}
+-- A task goes out with its payload, read in this same script.
+local function hand_out(id, d, att, tok)
+  table.insert(out, id)
+  table.insert(out, fmt(d))
+  table.insert(out, fmt(att))
+  table.insert(out, tok)
+  table.insert(out, redis.call('HGET', KEYS[6], id) or '')
+end
 local more = 0
 local replay = redis.call('LRANGE', KEYS[7], 0, -1)
 if #replay > 0 then
@@ -169,11 +177,7 @@ if #replay > 0 then
     if m then
       local st, d, seq, att, t = parse(m)
       if st == 'i' and t == tok then
-        table.insert(out, id)
-        table.insert(out, fmt(d))
-        table.insert(out, fmt(att))
-        table.insert(out, tok)
-        table.insert(out, redis.call('HGET', KEYS[6], id) or '')
+        hand_out(id, d, att, tok)
       end
     end
   end
@@ -213,11 +217,7 @@ else
       redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, '', call))
       redis.call('ZADD', KEYS[3], now + lease, id)
       redis.call('RPUSH', KEYS[7], id, tok)
-      table.insert(out, id)
-      table.insert(out, fmt(d))
-      table.insert(out, fmt(att))
-      table.insert(out, tok)
-      table.insert(out, redis.call('HGET', KEYS[6], id) or '')
+      hand_out(id, d, att, tok)
     end
     if #due > 0 then redis.call('PEXPIRE', KEYS[7], lease) end
     if #due < wanted then
