@@ -69,6 +69,22 @@ impl Proxy {
         });
     }
 
+    /// Faults armed and not yet met.
+    pub fn pending(&self) -> usize {
+        self.state
+            .rules
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.remaining)
+            .sum()
+    }
+
+    /// Drops every fault armed and not yet met.
+    pub fn disarm(&self) {
+        self.state.rules.lock().unwrap().clear();
+    }
+
     /// How many faults were injected so far.
     pub fn injected(&self) -> usize {
         self.state.injected.load(Ordering::SeqCst)
