@@ -1,12 +1,23 @@
-//! The queue's engine: one task that owns the store and the working state, applies requests in
-//! batches (one store transaction per batch), and hands due tasks to consumers.
+//! The queue's engine on an embedded [`Store`]: one task that owns the store and the working
+//! state, applies requests in batches (one store transaction per batch), and hands due tasks
+//! to consumers. Also what both backends share: requests, consumers, settings, clocks, and the
+//! one place that reaches into the wheel beyond its public API ([`attach`]).
+//!
+//! Leases are in-process state here: the store's lock proves no other process holds a task,
+//! so a lease only has to end while this process lives. A delivery's lease starts when its
+//! stream yields it ([`Request::HandedOut`]); while it waits in a prefetch buffer it has none.
+//!
+//! A failed commit is undone in memory from a journal of what the batch changed, so the
+//! engine's state is again exactly what the store holds: no reload, no lease treated as
+//! orphaned, and the claims the batch made go back to their streams' credits; the engine tries
+//! again after a backoff, so a waiting stream gets its delivery once the store recovers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::store::{Mutation, Store, StoredTask, TaskState};
@@ -15,6 +26,11 @@ use crate::Wheel;
 
 /// Requests handled per batch (and so per store transaction).
 const BATCH: usize = 1024;
+/// Most leases expired, and most tasks claimed, per store transaction: a step's work is
+/// bounded however large the backlog (the rest follows in the next steps).
+pub(crate) const STEP_LIMIT: usize = 1000;
+/// Backoff after a failed commit: doubles from the first to the last.
+const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(2));
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
@@ -29,6 +45,19 @@ pub(crate) enum Request {
     /// Id, token, the delivery's attempt, and an explicit delay (else the policy's).
     Retry(String, u64, u32, Option<Duration>, Reply<()>),
     Fail(String, u64, String, Reply<()>),
+    /// Token and the new lease length from now.
+    Extend(u64, Duration, Reply<()>),
+    /// The stream yielded this delivery: its lease starts.
+    HandedOut(u64),
+    /// A handed-out delivery was dropped unfinished: its lease runs out as usual, but nothing
+    /// waits for it or keeps it alive any more.
+    Dropped(u64),
+    /// A delivery was dropped before its stream yielded it: the task goes back at once.
+    Release(u64),
+    /// A handed-out delivery is being finished directly with the store (Redis): nothing waits
+    /// for it or keeps it alive any more.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Finishing(u64),
     Subscribe(Consumer),
     /// A consumer has room for more deliveries.
     Demand,
@@ -38,18 +67,62 @@ pub(crate) enum Request {
 /// One `deliveries()` stream, as the engine sees it.
 pub(crate) struct Consumer {
     pub(crate) credits: Arc<AtomicUsize>,
+    /// Set when the queue closes: the stream drops what it buffered (the engine returned it).
+    pub(crate) closed: Arc<AtomicBool>,
     pub(crate) sender: mpsc::UnboundedSender<Delivery>,
+}
+
+impl Consumer {
+    pub(crate) fn wants(&self) -> bool {
+        self.credits.load(Ordering::Acquire) > 0 && !self.sender.is_closed()
+    }
+
+    /// Ends the stream: what it buffered is not handed out.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
 }
 
 pub(crate) struct Settings {
     pub(crate) policy: RetryPolicy,
     pub(crate) lease: Duration,
+    pub(crate) keep_alive: bool,
+    pub(crate) close_timeout: Duration,
+}
+
+impl Settings {
+    pub(crate) fn lease_ms(&self) -> u64 {
+        super::delay_ms(self.lease)
+    }
+
+    /// How often buffered claims (and, with keep-alive, held deliveries) are renewed.
+    pub(crate) fn renew_every(&self) -> Duration {
+        (self.lease / 3).max(Duration::from_millis(1))
+    }
+}
+
+/// What the durable engines need from their wheel beyond its public API: the runtime to run
+/// on and the shutdown signal. The one place that reaches into the wheel's internals.
+pub(crate) struct Attachment {
+    pub(crate) runtime: tokio::runtime::Handle,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+pub(crate) fn attach(wheel: &Wheel) -> Attachment {
+    let shared = wheel.shared();
+    Attachment {
+        runtime: shared.runtime.clone(),
+        shutdown: shared.shutdown_signal(),
+    }
+}
+
+/// Resolves once the wheel has shut down (or can no longer say).
+pub(crate) async fn shut_down(signal: &mut watch::Receiver<bool>) {
+    let _ = signal.wait_for(|stopped| *stopped).await;
 }
 
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    super::epoch_ms(SystemTime::now())
 }
 
 /// Why a task retried on its last delivery went to the dead letters.
@@ -57,14 +130,24 @@ pub(crate) fn last_attempt_reason(attempts: u32) -> String {
     format!("retried on its last delivery ({attempts} of {attempts})")
 }
 
+/// Why a task whose last lease expired went to the dead letters (the Redis claim script
+/// writes the same words).
+pub(crate) fn lease_expired_reason(attempts: u32, max_attempts: u32) -> String {
+    format!("lease expired on delivery {attempts} of {max_attempts}")
+}
+
 pub(crate) fn system_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-/// The instant on Tokio's clock when wall-clock time `ms` comes.
+/// The instant on Tokio's clock when this process's wall clock reads `ms`.
 pub(crate) fn instant_of(ms: u64) -> Instant {
-    let now = now_ms();
-    Instant::now() + Duration::from_millis(ms.saturating_sub(now))
+    Instant::now() + Duration::from_millis(ms.saturating_sub(now_ms()))
+}
+
+/// Where a backend with nothing to wait for parks its wake-up.
+pub(crate) fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
 /// What to answer once the batch's transaction has committed (or failed).
@@ -79,13 +162,39 @@ fn answer<T: Send + 'static>(reply: Reply<T>, value: Result<T, Error>) -> Answer
     })
 }
 
+/// A task handed to a stream and not finished.
+#[derive(Clone)]
+struct Flight {
+    id: String,
+    /// When the lease ends; `None` while the delivery waits in its stream's buffer.
+    lease_until: Option<u64>,
+    /// Handed out and neither finished nor dropped: `close` waits for it, keep-alive renews it.
+    held: bool,
+}
+
+/// How to put one task back as it was before the batch, if the batch's commit fails.
+struct Undo {
+    id: String,
+    task: Option<StoredTask>,
+    flight: Option<(u64, Flight)>,
+}
+
+/// A claim made in this batch, handed to its stream once the batch is durable.
+struct Claimed {
+    consumer: usize,
+    id: String,
+    token: u64,
+}
+
 pub(crate) struct Engine {
     store: Option<Box<dyn Store>>,
     tasks: HashMap<String, StoredTask>,
     /// Pending tasks by (due, schedule order).
     due: BTreeMap<(u64, u64), String>,
-    /// In-flight tasks by (lease end, delivery token).
-    leases: BTreeMap<(u64, u64), String>,
+    /// Handed-out deliveries by (lease end, token).
+    leases: BTreeSet<(u64, u64)>,
+    /// In-flight tasks by delivery token.
+    flights: HashMap<u64, Flight>,
     /// The token of each in-flight task's current delivery.
     tokens: HashMap<String, u64>,
     next_seq: u64,
@@ -96,10 +205,19 @@ pub(crate) struct Engine {
     /// Handed to deliveries, so they can ack.
     handle: mpsc::WeakUnboundedSender<Request>,
     wheel: Wheel,
+    /// After a failed commit: when to try again, and the backoff after that.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// Keep-alive: when to renew the held leases next.
+    renew_at: Option<Instant>,
+    /// `close()` callers, and how long the close waits for held deliveries.
+    closing: Vec<Reply<()>>,
+    close_deadline: Option<Instant>,
     // Per batch:
     mutations: Vec<Mutation>,
     answers: Vec<Answer>,
-    outgoing: Vec<(usize, Delivery)>,
+    claimed: Vec<Claimed>,
+    undo: Vec<Undo>,
 }
 
 impl Engine {
@@ -114,10 +232,11 @@ impl Engine {
     ) -> Result<Engine, Error> {
         let loaded = store.load()?;
         let mut engine = Engine {
-            store: Some(store),
+            store: None,
             tasks: HashMap::with_capacity(loaded.len()),
             due: BTreeMap::new(),
-            leases: BTreeMap::new(),
+            leases: BTreeSet::new(),
+            flights: HashMap::new(),
             tokens: HashMap::new(),
             next_seq: 0,
             next_token: 0,
@@ -126,31 +245,34 @@ impl Engine {
             requests,
             handle,
             wheel,
+            retry_at: None,
+            backoff: RETRY_BACKOFF.0,
+            renew_at: None,
+            closing: Vec::new(),
+            close_deadline: None,
             mutations: Vec::new(),
             answers: Vec::new(),
-            outgoing: Vec::new(),
+            claimed: Vec::new(),
+            undo: Vec::new(),
         };
         let now = now_ms();
+        let mut orphaned = Vec::new();
         for mut task in loaded {
             engine.next_seq = engine.next_seq.max(task.seq + 1);
             if task.state == TaskState::InFlight {
                 // Holding the lock proves the previous holder is gone: its lease is over.
                 engine.lease_over(&mut task, now);
-                engine.mutations.push(Mutation::Put(task.clone()));
+                orphaned.push(Mutation::Put(task.clone()));
             }
             if task.state == TaskState::Pending {
                 engine.due.insert((task.due_ms, task.seq), task.id.clone());
             }
             engine.tasks.insert(task.id.clone(), task);
         }
-        if !engine.mutations.is_empty() {
-            let mutations = std::mem::take(&mut engine.mutations);
-            engine
-                .store
-                .as_mut()
-                .expect("store present")
-                .apply(&mutations)?;
+        for chunk in orphaned.chunks(STEP_LIMIT) {
+            store.apply(chunk)?;
         }
+        engine.store = Some(store);
         Ok(engine)
     }
 
@@ -159,11 +281,7 @@ impl Engine {
     fn lease_over(&self, task: &mut StoredTask, now: u64) {
         if task.attempts >= self.settings.policy.attempts() {
             task.state = TaskState::Dead;
-            task.reason = format!(
-                "lease expired on delivery {} of {}",
-                task.attempts,
-                self.settings.policy.attempts()
-            );
+            task.reason = lease_expired_reason(task.attempts, self.settings.policy.attempts());
         } else {
             task.state = TaskState::Pending;
             task.due_ms = now;
@@ -171,82 +289,116 @@ impl Engine {
     }
 
     pub(crate) async fn run(mut self) {
-        let mut shutdown = self.wheel.shared().shutdown_signal();
+        let mut shutdown = attach(&self.wheel).shutdown;
         let mut batch = Vec::with_capacity(BATCH);
-        let mut closing = None;
         loop {
-            if *shutdown.borrow_and_update() {
+            if *shutdown.borrow_and_update() || self.close_done() {
                 break;
             }
             let next = self.next_wake();
-            let sleep = self
-                .wheel
-                .sleep_until(next.map_or_else(far_future, instant_of));
+            let sleep = self.wheel.sleep_until(next.unwrap_or_else(far_future));
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => break,
+                () = shut_down(&mut shutdown) => break,
                 received = self.requests.recv_many(&mut batch, BATCH) => {
                     if received == 0 {
                         break; // every handle, stream and delivery is gone
                     }
                     for request in batch.drain(..) {
-                        if let Request::Close(reply) = request {
-                            closing = Some(reply);
-                        } else {
-                            self.handle_request(request);
-                        }
+                        self.handle_request(request);
                     }
-                    self.step().await;
-                    if closing.is_some() {
-                        break;
-                    }
-                    continue;
                 }
                 () = sleep, if next.is_some() => {}
             }
             self.step().await;
         }
         tracing::debug!("durable queue engine stops; its tasks stay in the store");
-        // Refuse what is still queued, so no caller waits for an answer that never comes.
+        // What is already queued first: a delivery its stream yielded just before the stop is
+        // held, not buffered, and must not be returned. The rest is refused, so no caller
+        // waits for an answer that never comes.
         self.requests.close();
         while let Ok(request) = self.requests.try_recv() {
-            refuse(request);
+            match request {
+                Request::HandedOut(_)
+                | Request::Dropped(_)
+                | Request::Release(_)
+                | Request::Finishing(_) => self.handle_request(request),
+                other => refuse(other),
+            }
         }
-        self.consumers.clear(); // ends every deliveries() stream
+        // Buffered claims go back now (best effort: if this commit fails, the next open
+        // delivers them again, as after a crash).
+        self.begin_close_of_streams();
+        self.step().await;
         // Release the store (and its lock) before `close()` returns.
         if let Some(store) = self.store.take() {
             let _ = tokio::task::spawn_blocking(move || drop(store)).await;
         }
-        if let Some(reply) = closing {
+        for reply in self.closing.drain(..) {
             let _ = reply.send(Ok(()));
         }
     }
 
-    /// The next wall-clock time the engine must act: a task due (when someone wants it) or a
-    /// lease ending.
-    fn next_wake(&self) -> Option<u64> {
-        let wanted = self
-            .consumers
+    /// Closing, and nothing handed out is still held (or the close timeout passed).
+    fn close_done(&self) -> bool {
+        let Some(deadline) = self.close_deadline else {
+            return false;
+        };
+        Instant::now() >= deadline || !self.flights.values().any(|f| f.held)
+    }
+
+    /// Ends every stream and returns what they buffered.
+    fn begin_close_of_streams(&mut self) {
+        for consumer in self.consumers.drain(..) {
+            consumer.close();
+        }
+        let buffered: Vec<u64> = self
+            .flights
             .iter()
-            .any(|c| c.credits.load(Ordering::Acquire) > 0);
+            .filter(|(_, f)| f.lease_until.is_none())
+            .map(|(&token, _)| token)
+            .collect();
+        for token in buffered {
+            self.release(token);
+        }
+    }
+
+    /// The next time the engine must act: a task due (when someone wants it), a lease
+    /// ending, a keep-alive renewal, the close deadline — or, after a failed commit, the retry.
+    fn next_wake(&self) -> Option<Instant> {
+        if let Some(at) = self.retry_at {
+            return Some(at);
+        }
+        let wanted = self.consumers.iter().any(Consumer::wants);
         let due = self
             .due
             .keys()
             .next()
             .map(|&(due, _)| due)
             .filter(|_| wanted);
-        let lease = self.leases.keys().next().map(|&(until, _)| until);
-        match (due, lease) {
+        let lease = self.leases.iter().next().map(|&(until, _)| until);
+        let wall = match (due, lease) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
+        };
+        [wall.map(instant_of), self.renew_at, self.close_deadline]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Expires leases, hands out due tasks, commits the batch, then answers and delivers.
     async fn step(&mut self) {
         let now = now_ms();
-        self.expire_leases(now);
-        self.claim_due(now);
+        let retrying = self.retry_at.is_some_and(|at| at > Instant::now());
+        if !retrying {
+            self.retry_at = None;
+            self.expire_leases(now);
+            self.renew(now);
+            if self.close_deadline.is_none() {
+                self.claim_due(now);
+            }
+        }
         let mutations = std::mem::take(&mut self.mutations);
         let failure = if mutations.is_empty() {
             None
@@ -256,74 +408,112 @@ impl Engine {
         for answer in self.answers.drain(..) {
             answer(failure.as_ref());
         }
-        if failure.is_some() {
-            self.outgoing.clear();
+        if let Some(error) = failure {
+            tracing::warn!(%error, "durable queue commit failed; undone, trying again");
+            self.undo_batch();
+            self.retry_at = Some(Instant::now() + self.backoff);
+            self.backoff = (self.backoff * 2).min(RETRY_BACKOFF.1);
             return;
         }
-        for (consumer, delivery) in self.outgoing.drain(..) {
-            // A consumer that went away drops the delivery: its lease brings the task back.
-            let _ = self.consumers[consumer].sender.send(delivery);
+        self.undo.clear();
+        self.backoff = RETRY_BACKOFF.0;
+        let Some(engine) = self.handle.upgrade() else {
+            self.claimed.clear();
+            return;
+        };
+        for claim in std::mem::take(&mut self.claimed) {
+            let task = &self.tasks[&claim.id];
+            let delivery = Delivery::new(
+                TaskId::from(claim.id.clone()),
+                task.payload.clone(),
+                task.attempts,
+                system_time(task.due_ms),
+                claim.token,
+                engine.clone(),
+                super::Route::Engine,
+            );
+            // A stream that went away drops it, and its drop returns the task.
+            let _ = self.consumers[claim.consumer].sender.send(delivery);
         }
         self.consumers.retain(|c| !c.sender.is_closed());
     }
 
     async fn commit(&mut self, mutations: Vec<Mutation>) -> Result<(), Error> {
         let mut store = self.store.take().expect("store present between commits");
-        let (store, result) = match tokio::task::spawn_blocking(move || {
+        match tokio::task::spawn_blocking(move || {
             let result = store.apply(&mutations);
             (store, result)
         })
         .await
         {
-            Ok(done) => done,
+            Ok((store, result)) => {
+                self.store = Some(store);
+                result
+            }
             Err(join) => {
                 tracing::error!(error = %join, "the store panicked; the queue stops");
                 self.requests.close();
-                return Err(Error::Io(format!("the store panicked: {join}")));
+                Err(Error::Io(format!("the store panicked: {join}")))
             }
-        };
-        self.store = Some(store);
-        if let Err(error) = &result {
-            // Memory ran ahead of the store: resynchronise from what is durable.
-            tracing::error!(%error, "durable queue commit failed; reloading from the store");
-            self.reload().await;
-        }
-        result
-    }
-
-    async fn reload(&mut self) {
-        let mut store = self.store.take().expect("store present");
-        let (store, loaded) = match tokio::task::spawn_blocking(move || {
-            let loaded = store.load();
-            (store, loaded)
-        })
-        .await
-        {
-            Ok(done) => done,
-            Err(_) => return,
-        };
-        self.store = Some(store);
-        let Ok(loaded) = loaded else { return };
-        self.tasks.clear();
-        self.due.clear();
-        self.leases.clear();
-        self.tokens.clear();
-        let now = now_ms();
-        for mut task in loaded {
-            if task.state == TaskState::InFlight {
-                self.lease_over(&mut task, now);
-                self.mutations.push(Mutation::Put(task.clone()));
-            }
-            if task.state == TaskState::Pending {
-                self.due.insert((task.due_ms, task.seq), task.id.clone());
-            }
-            self.tasks.insert(task.id.clone(), task);
         }
     }
 
-    fn put(&mut self, task: StoredTask) {
-        self.mutations.push(Mutation::Put(task.clone()));
-        self.tasks.insert(task.id.clone(), task);
+    /// Puts every task the failed batch touched back as it was, and gives the batch's claims
+    /// back to their streams' credits.
+    fn undo_batch(&mut self) {
+        while let Some(undo) = self.undo.pop() {
+            self.unindex(&undo.id);
+            if let Some(token) = self.tokens.remove(&undo.id) {
+                self.flights.remove(&token);
+            }
+            match undo.task {
+                Some(task) => self.tasks.insert(undo.id.clone(), task),
+                None => self.tasks.remove(&undo.id),
+            };
+            if let Some((token, flight)) = undo.flight {
+                self.tokens.insert(undo.id.clone(), token);
+                self.flights.insert(token, flight);
+            }
+            self.index(&undo.id);
+        }
+        for claim in self.claimed.drain(..) {
+            self.consumers[claim.consumer]
+                .credits
+                .fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Records how `id` is now, before the batch changes it.
+    fn journal(&mut self, id: &str) {
+        let task = self.tasks.get(id).cloned();
+        let flight = self
+            .tokens
+            .get(id)
+            .map(|&token| (token, self.flights[&token].clone()));
+        self.undo.push(Undo {
+            id: id.to_owned(),
+            task,
+            flight,
+        });
+    }
+
+    fn index(&mut self, id: &str) {
+        let Some(task) = self.tasks.get(id) else {
+            return;
+        };
+        match task.state {
+            TaskState::Pending => {
+                self.due.insert((task.due_ms, task.seq), id.to_owned());
+            }
+            TaskState::InFlight => {
+                if let Some(&token) = self.tokens.get(id) {
+                    if let Some(until) = self.flights[&token].lease_until {
+                        self.leases.insert((until, token));
+                    }
+                }
+            }
+            TaskState::Dead => {}
+        }
     }
 
     fn unindex(&mut self, id: &str) {
@@ -335,24 +525,67 @@ impl Engine {
                 self.due.remove(&(task.due_ms, task.seq));
             }
             TaskState::InFlight => {
-                if let Some(token) = self.tokens.remove(id) {
-                    self.leases.remove(&(task.lease_until_ms, token));
+                if let Some(&token) = self.tokens.get(id) {
+                    if let Some(until) = self.flights[&token].lease_until {
+                        self.leases.remove(&(until, token));
+                    }
                 }
             }
             TaskState::Dead => {}
         }
     }
 
+    /// Unindexes `id`, ends its flight and takes its task out, journaling how it was (the
+    /// journal keeps the original: nothing is copied for it). Returns the original.
+    fn detach(&mut self, id: &str) -> &StoredTask {
+        self.unindex(id);
+        let flight = self.tokens.remove(id).map(|token| {
+            (
+                token,
+                self.flights.remove(&token).expect("a flight per token"),
+            )
+        });
+        let task = self.tasks.remove(id);
+        self.undo.push(Undo {
+            id: id.to_owned(),
+            task,
+            flight,
+        });
+        self.undo
+            .last()
+            .and_then(|undo| undo.task.as_ref())
+            .expect("present")
+    }
+
+    /// A copy of `id`'s task to be changed and stored again with [`put`](Engine::put).
+    fn take_for_change(&mut self, id: &str) -> StoredTask {
+        self.detach(id).clone()
+    }
+
+    fn delete(&mut self, id: String) {
+        self.detach(&id);
+        self.mutations.push(Mutation::Delete(id));
+    }
+
+    /// Stores `task` (replacing any task of its id) and indexes it.
+    fn put(&mut self, task: StoredTask) {
+        self.mutations.push(Mutation::Put(task.clone()));
+        let id = task.id.clone();
+        self.tasks.insert(id.clone(), task);
+        self.index(&id);
+    }
+
     fn pend(&mut self, mut task: StoredTask, due_ms: u64) {
         task.state = TaskState::Pending;
         task.due_ms = due_ms;
-        self.due.insert((due_ms, task.seq), task.id.clone());
+        task.lease_until_ms = 0;
         self.put(task);
     }
 
     fn bury(&mut self, mut task: StoredTask, reason: String) {
         task.state = TaskState::Dead;
         task.reason = reason;
+        task.lease_until_ms = 0;
         self.put(task);
     }
 
@@ -365,23 +598,20 @@ impl Engine {
             Request::Cancel(id, reply) => {
                 let pending = self.state_of(&id) == Some(TaskState::Pending);
                 if pending {
-                    self.unindex(&id);
-                    self.tasks.remove(&id);
-                    self.mutations.push(Mutation::Delete(id));
+                    self.delete(id);
                 }
                 self.answers.push(answer(reply, Ok(pending)));
             }
             Request::Reschedule(id, due_ms, reply) => {
                 let pending = self.state_of(&id) == Some(TaskState::Pending);
                 if pending {
-                    self.unindex(&id);
-                    let task = self.tasks[&id].clone();
+                    let task = self.take_for_change(&id);
                     self.pend(task, due_ms);
                 }
                 self.answers.push(answer(reply, Ok(pending)));
             }
             Request::Len(reply) => {
-                let live = self.due.len() + self.leases.len();
+                let live = self.due.len() + self.tokens.len();
                 self.answers.push(answer(reply, Ok(live)));
             }
             Request::DeadLetters(reply) => {
@@ -405,7 +635,7 @@ impl Engine {
             Request::Redrive(id, reply) => {
                 let dead = self.state_of(&id) == Some(TaskState::Dead);
                 if dead {
-                    let mut task = self.tasks[&id].clone();
+                    let mut task = self.take_for_change(&id);
                     task.attempts = 0;
                     task.reason.clear();
                     self.pend(task, now_ms());
@@ -415,58 +645,128 @@ impl Engine {
             Request::Ack(id, token, reply) => {
                 let held = self.holds(&id, token);
                 if held {
-                    self.unindex(&id);
-                    self.tasks.remove(&id);
-                    self.mutations.push(Mutation::Delete(id));
+                    self.delete(id);
                 }
-                self.answers.push(answer(
-                    reply,
-                    if held { Ok(()) } else { Err(Error::LeaseLost) },
-                ));
+                self.answers.push(answer(reply, lease_result(held)));
             }
             Request::Retry(id, token, _attempt, after, reply) => {
                 let held = self.holds(&id, token);
                 if held {
-                    self.unindex(&id);
-                    let task = self.tasks[&id].clone();
+                    let task = self.take_for_change(&id);
                     let attempts = task.attempts;
-                    match after {
-                        Some(after) => {
-                            let due = now_ms().saturating_add(after.as_millis() as u64);
-                            self.pend(task, due);
-                        }
-                        None if attempts >= self.settings.policy.attempts() => {
-                            let reason = last_attempt_reason(attempts);
-                            self.bury(task, reason);
-                        }
-                        None => {
-                            let delay = self.settings.policy.jittered_delay(attempts);
-                            let due = now_ms().saturating_add(delay.as_millis() as u64);
-                            self.pend(task, due);
-                        }
+                    // `retry_after` counts toward max_attempts like `retry`.
+                    if attempts >= self.settings.policy.attempts() {
+                        self.bury(task, last_attempt_reason(attempts));
+                    } else {
+                        let delay =
+                            after.unwrap_or_else(|| self.settings.policy.jittered_delay(attempts));
+                        let due = now_ms()
+                            .saturating_add(super::delay_ms(delay))
+                            .min(super::MAX_DUE_MS);
+                        self.pend(task, due);
                     }
                 }
-                self.answers.push(answer(
-                    reply,
-                    if held { Ok(()) } else { Err(Error::LeaseLost) },
-                ));
+                self.answers.push(answer(reply, lease_result(held)));
             }
             Request::Fail(id, token, reason, reply) => {
                 let held = self.holds(&id, token);
                 if held {
-                    self.unindex(&id);
-                    let task = self.tasks[&id].clone();
+                    let task = self.take_for_change(&id);
                     self.bury(task, reason);
                 }
-                self.answers.push(answer(
-                    reply,
-                    if held { Ok(()) } else { Err(Error::LeaseLost) },
-                ));
+                self.answers.push(answer(reply, lease_result(held)));
             }
-            Request::Subscribe(consumer) => self.consumers.push(consumer),
+            Request::Extend(token, duration, reply) => {
+                let live = self
+                    .flights
+                    .get(&token)
+                    .is_some_and(|f| f.lease_until.is_some());
+                if live {
+                    let until = now_ms().saturating_add(super::delay_ms(duration));
+                    self.set_lease(token, until);
+                }
+                self.answers.push(answer(reply, lease_result(live)));
+            }
+            Request::HandedOut(token) => {
+                let buffered = self
+                    .flights
+                    .get(&token)
+                    .is_some_and(|f| f.lease_until.is_none());
+                if buffered {
+                    let until = now_ms().saturating_add(self.settings.lease_ms());
+                    self.set_lease(token, until);
+                    self.flights.get_mut(&token).expect("present").held = true;
+                    if self.settings.keep_alive && self.renew_at.is_none() {
+                        self.renew_at = Some(Instant::now() + self.settings.renew_every());
+                    }
+                }
+            }
+            Request::Dropped(token) | Request::Finishing(token) => {
+                if let Some(flight) = self.flights.get_mut(&token) {
+                    flight.held = false;
+                }
+            }
+            Request::Release(token) => self.release(token),
+            Request::Subscribe(consumer) => {
+                if self.close_deadline.is_some() {
+                    consumer.close(); // closing: the stream ends at once
+                } else {
+                    self.consumers.push(consumer);
+                }
+            }
             Request::Demand => {}
-            Request::Close(_) => unreachable!("handled by the loop"),
+            Request::Close(reply) => {
+                self.closing.push(reply);
+                if self.close_deadline.is_none() {
+                    self.close_deadline = Some(Instant::now() + self.settings.close_timeout);
+                    self.begin_close_of_streams();
+                }
+            }
         }
+    }
+
+    /// Returns a claim its stream never yielded: pending again at its due time, the delivery
+    /// not counted.
+    fn release(&mut self, token: u64) {
+        let Some(flight) = self.flights.get(&token) else {
+            return;
+        };
+        if flight.lease_until.is_some() {
+            return; // handed out: only its lease, a finish or `close` ends it
+        }
+        let id = flight.id.clone();
+        let mut task = self.take_for_change(&id);
+        task.attempts = task.attempts.saturating_sub(1);
+        let due = task.due_ms;
+        self.pend(task, due);
+    }
+
+    /// Moves a handed-out delivery's lease end (memory only: see the module docs).
+    fn set_lease(&mut self, token: u64, until: u64) {
+        let flight = self.flights.get_mut(&token).expect("present");
+        if let Some(old) = flight.lease_until.replace(until) {
+            self.leases.remove(&(old, token));
+        }
+        self.leases.insert((until, token));
+    }
+
+    /// Keep-alive: every held delivery's lease runs a full lease from now.
+    fn renew(&mut self, now: u64) {
+        let Some(at) = self.renew_at else { return };
+        if at > Instant::now() {
+            return;
+        }
+        let held: Vec<u64> = self
+            .flights
+            .iter()
+            .filter(|(_, f)| f.held)
+            .map(|(&token, _)| token)
+            .collect();
+        let until = now.saturating_add(self.settings.lease_ms());
+        for &token in &held {
+            self.set_lease(token, until);
+        }
+        self.renew_at = (!held.is_empty()).then(|| Instant::now() + self.settings.renew_every());
     }
 
     fn state_of(&self, id: &str) -> Option<TaskState> {
@@ -478,18 +778,17 @@ impl Engine {
     }
 
     fn schedule(&mut self, task: Task) -> Result<TaskId, Error> {
-        let id = task.id.unwrap_or_else(TaskId::generate);
+        let id = task.id.clone().unwrap_or_else(TaskId::generate);
         match self.state_of(id.as_str()) {
             Some(TaskState::InFlight) => return Err(Error::InFlight),
-            Some(_) => self.unindex(id.as_str()),
-            None => {}
+            Some(_) => {
+                self.detach(id.as_str());
+            }
+            None => self.journal(id.as_str()),
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let due_ms = task.due.map_or_else(now_ms, |due| {
-            due.duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64)
-        });
+        let due_ms = task.due_ms(now_ms());
         let stored = StoredTask {
             id: id.as_str().to_owned(),
             payload: task.payload,
@@ -500,74 +799,68 @@ impl Engine {
             lease_until_ms: 0,
             reason: String::new(),
         };
-        self.pend(stored, due_ms);
+        self.put(stored);
         Ok(id)
     }
 
     fn expire_leases(&mut self, now: u64) {
-        while let Some((&(until, token), _)) = self.leases.first_key_value() {
+        for _ in 0..STEP_LIMIT {
+            let Some(&(until, token)) = self.leases.first() else {
+                break;
+            };
             if until > now {
                 break;
             }
-            let id = self.leases.remove(&(until, token)).expect("present");
-            self.tokens.remove(&id);
-            let mut task = self.tasks[&id].clone();
+            let id = self.flights[&token].id.clone();
+            let mut task = self.take_for_change(&id);
             self.lease_over(&mut task, now);
             tracing::debug!(id = %task.id, attempts = task.attempts, "lease expired");
-            if task.state == TaskState::Pending {
-                self.pend(task, now);
-            } else {
-                self.put(task);
-            }
+            self.put(task);
         }
     }
 
     fn claim_due(&mut self, now: u64) {
-        // A live consumer stream holds a sender, so this upgrade succeeds whenever one exists.
-        let Some(engine) = self.handle.upgrade() else {
-            return;
-        };
+        let mut budget = STEP_LIMIT;
         for index in 0..self.consumers.len() {
-            loop {
-                let credits = &self.consumers[index].credits;
-                if credits.load(Ordering::Acquire) == 0 || self.consumers[index].sender.is_closed()
-                {
-                    break;
-                }
+            while budget > 0 && self.consumers[index].wants() {
                 let Some((&(due, seq), _)) = self.due.first_key_value() else {
                     return;
                 };
                 if due > now {
                     return;
                 }
-                credits.fetch_sub(1, Ordering::AcqRel);
-                let id = self.due.remove(&(due, seq)).expect("present");
-                let mut task = self.tasks[&id].clone();
+                budget -= 1;
+                self.consumers[index].credits.fetch_sub(1, Ordering::AcqRel);
+                let id = self.due[&(due, seq)].clone();
+                let mut task = self.take_for_change(&id);
                 task.state = TaskState::InFlight;
                 task.attempts += 1;
-                task.lease_until_ms = now.saturating_add(self.settings.lease.as_millis() as u64);
+                // The lease starts at hand-out; until then the delivery waits in its stream.
+                task.lease_until_ms = 0;
                 let token = self.next_token;
                 self.next_token += 1;
                 self.tokens.insert(id.clone(), token);
-                self.leases.insert((task.lease_until_ms, token), id.clone());
-                let delivery = Delivery {
-                    id: TaskId::from(id),
-                    payload: task.payload.clone(),
-                    attempt: task.attempts,
-                    due: system_time(task.due_ms),
+                self.flights.insert(
                     token,
-                    engine: engine.clone(),
-                };
+                    Flight {
+                        id: id.clone(),
+                        lease_until: None,
+                        held: false,
+                    },
+                );
                 self.put(task);
-                self.outgoing.push((index, delivery));
+                self.claimed.push(Claimed {
+                    consumer: index,
+                    id,
+                    token,
+                });
             }
         }
     }
 }
 
-/// Where a backend with nothing to wait for parks its wake-up.
-pub(crate) fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(86_400 * 365)
+fn lease_result(held: bool) -> Result<(), Error> {
+    if held { Ok(()) } else { Err(Error::LeaseLost) }
 }
 
 /// Answers a request the stopped engine will not carry out: dropping its reply sender makes

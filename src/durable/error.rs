@@ -23,12 +23,19 @@ pub enum Error {
     LeaseLost,
     /// The id is being delivered right now; it cannot be replaced until acked or retried.
     InFlight,
+    /// A setting or argument is out of range; the message says which and why.
+    Invalid(String),
 }
 
 impl Error {
     /// Whether another handle holds the store.
     pub fn is_locked(&self) -> bool {
         matches!(self, Error::Locked)
+    }
+
+    /// Whether the store could not be reached or written: trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unreachable(_) | Error::Io(_))
     }
 
     /// Whether this delivery lost its lease.
@@ -51,6 +58,7 @@ impl fmt::Display for Error {
                 f.write_str("the delivery's lease expired and the task was handed out again")
             }
             Error::InFlight => f.write_str("the task is being delivered and cannot be replaced"),
+            Error::Invalid(why) => write!(f, "invalid durable queue setting: {why}"),
         }
     }
 }

@@ -45,8 +45,17 @@
 //! - **At least once:** a task is deleted only by `ack`. A delivery neither acked nor retried
 //!   within its lease (a crash, a hang, a dropped [`Delivery`]) is delivered again, with its
 //!   attempt count raised. While every delivery is acked or retried within its lease, each task
-//!   is delivered exactly once. `ack` after the task was handed out again returns
-//!   [`Error::LeaseLost`]; it never returns `Ok` without deleting.
+//!   is delivered exactly once. `ack`, `retry`, `retry_after` and `fail` after the task was
+//!   handed out again return [`Error::LeaseLost`] and change nothing; `ack` never returns `Ok`
+//!   without deleting.
+//! - **Leases from hand-out:** a lease starts when the stream yields the delivery, not while
+//!   the task waits in the prefetch buffer. [`Delivery::extend`] and
+//!   [`Builder::keep_alive`] keep a long job's lease.
+//! - **Under faults:** a delivery carries exactly the payload that was scheduled; a call
+//!   retried after a lost reply is recognised; due times and leases are judged by the store's
+//!   clock (Redis: the server's `TIME`), never a worker's; a failed commit never strands a
+//!   stream nor redelivers a live lease; every store step touches a bounded batch. The
+//!   README's "What the durable queue guarantees under faults" lists each with its test.
 //! - **Restarts:** on open, pending tasks reload; overdue ones are delivered at once, in due
 //!   order (ties in schedule order); tasks in flight when the previous holder died are
 //!   delivered again at once.
@@ -68,7 +77,7 @@ use std::fmt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -131,7 +140,34 @@ impl From<String> for TaskId {
 pub struct Task {
     payload: Vec<u8>,
     id: Option<TaskId>,
-    due: Option<SystemTime>,
+    due: Option<Due>,
+}
+
+/// When a task is due: an instant on the wall clock, or a delay the store resolves against its
+/// own clock when it takes the task (so a worker's clock never decides it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    At(SystemTime),
+    After(Duration),
+}
+
+/// The latest due time a store keeps, in milliseconds since the Unix epoch (about the year
+/// 144 000): later ones saturate to it, so they wait "forever" and never overflow, and every
+/// value is exact in a Lua number (a double).
+pub(crate) const MAX_DUE_MS: u64 = 1 << 52;
+
+/// Milliseconds since the Unix epoch, saturating at [`MAX_DUE_MS`]; times before the epoch
+/// are the epoch.
+pub(crate) fn epoch_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .min(MAX_DUE_MS)
+}
+
+/// A delay in milliseconds, rounded up (never early) and saturating at [`MAX_DUE_MS`].
+pub(crate) fn delay_ms(delay: Duration) -> u64 {
+    let ms = delay.as_millis() + u128::from(delay.subsec_nanos() % 1_000_000 != 0);
+    u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_DUE_MS)
 }
 
 impl Task {
@@ -161,27 +197,28 @@ impl Task {
         self
     }
 
-    /// Due at a wall-clock time.
+    /// Due at a wall-clock time (in the past: due at once; past the year 144 000: never).
     pub fn at(mut self, due: SystemTime) -> Task {
-        self.due = Some(due);
+        self.due = Some(Due::At(due));
         self
     }
 
-    /// The due time in milliseconds since the Unix epoch (now if unset).
-    fn due_ms(&self) -> u64 {
-        let due = self.due.unwrap_or_else(SystemTime::now);
-        due.duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    }
-
-    /// Due `delay` from now (saturating).
+    /// Due `delay` after the store takes the task, by the store's clock (Redis: the server's
+    /// `TIME`; embedded: this process's wall clock), so a worker whose clock is off does not
+    /// move it. Saturating: `Duration::MAX` waits forever.
     pub fn after(mut self, delay: Duration) -> Task {
-        let now = SystemTime::now();
-        self.due = Some(
-            now.checked_add(delay)
-                .unwrap_or(now + Duration::from_secs(86_400 * 365 * 100)),
-        );
+        self.due = Some(Due::After(delay));
         self
+    }
+
+    /// The due time in milliseconds since the Unix epoch, resolved against `now_ms` (the
+    /// store's clock).
+    pub(crate) fn due_ms(&self, now_ms: u64) -> u64 {
+        match self.due {
+            None => now_ms,
+            Some(Due::At(at)) => epoch_ms(at),
+            Some(Due::After(delay)) => now_ms.saturating_add(delay_ms(delay)).min(MAX_DUE_MS),
+        }
     }
 }
 
@@ -205,6 +242,8 @@ pub struct Builder {
     policy: RetryPolicy,
     lease: Duration,
     prefetch: usize,
+    keep_alive: bool,
+    close_timeout: Duration,
 }
 
 impl Default for Builder {
@@ -213,6 +252,8 @@ impl Default for Builder {
             policy: RetryPolicy::default(),
             lease: Duration::from_secs(30),
             prefetch: 16,
+            keep_alive: false,
+            close_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -226,7 +267,13 @@ impl Builder {
     }
 
     /// How long a delivery may go without `ack`, `retry` or `fail` before the task is delivered
-    /// again. Default 30 s.
+    /// again. Default 30 s; at least 1 ms (opening with a zero lease is
+    /// [`Error::Invalid`]).
+    ///
+    /// The lease starts when the [`Deliveries`] stream yields the delivery, not when the task
+    /// was claimed into the prefetch buffer: the handle keeps buffered claims alive until then
+    /// (Redis: one renewal script per lease/3 for all of them). A long job can keep its lease
+    /// with [`Delivery::extend`] or [`keep_alive`](Builder::keep_alive).
     pub fn lease(mut self, lease: Duration) -> Builder {
         self.lease = lease;
         self
@@ -238,14 +285,49 @@ impl Builder {
         self
     }
 
+    /// Renews every delivery this handle has handed out, every lease/3, until it is finished or
+    /// dropped. Off by default: then a hung job loses its lease and the task is delivered
+    /// again, which is usually what you want. With it on, a job may run as long as it likes
+    /// while its process is alive; a crash still frees its tasks within one lease.
+    ///
+    /// Cost: on Redis one script call per lease/3 for all held deliveries together (in
+    /// batches of 1000); nothing on the embedded store.
+    pub fn keep_alive(mut self, on: bool) -> Builder {
+        self.keep_alive = on;
+        self
+    }
+
+    /// How long [`DurableQueue::close`] waits for deliveries handed out and not yet finished
+    /// or dropped. Default 30 s.
+    pub fn close_timeout(mut self, timeout: Duration) -> Builder {
+        self.close_timeout = timeout;
+        self
+    }
+
+    fn settings(&self) -> Result<Settings, Error> {
+        if self.lease < Duration::from_millis(1) {
+            return Err(Error::Invalid(format!(
+                "the lease must be at least 1 ms (got {:?})",
+                self.lease
+            )));
+        }
+        Ok(Settings {
+            policy: self.policy.clone(),
+            lease: self.lease,
+            keep_alive: self.keep_alive,
+            close_timeout: self.close_timeout,
+        })
+    }
+
     /// Opens the embedded store at `path` (created if missing or empty).
     ///
     /// # Errors
     ///
     /// [`Error::Locked`] if another handle holds it, [`Error::Corrupt`] if the file is not a
-    /// task store (it is left untouched), [`Error::Io`], or [`Error::Closed`] if the wheel has
-    /// shut down.
+    /// task store (it is left untouched), [`Error::Io`], [`Error::Invalid`] for a zero lease,
+    /// or [`Error::Closed`] if the wheel has shut down.
     pub async fn open(self, path: impl AsRef<Path>, wheel: &Wheel) -> Result<DurableQueue, Error> {
+        self.settings()?;
         let path = path.as_ref().to_owned();
         let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
             .await
@@ -257,26 +339,25 @@ impl Builder {
     /// every other process that opens it (feature `redis`). Connects before it returns.
     ///
     /// All of the queue's keys carry the hash tag `{name}`, so it is safe on Redis Cluster;
-    /// spread load over several queues. Commands retry with backoff while the server is
+    /// spread load over several queues. Due times and leases are judged by the server's clock
+    /// (`TIME`), never by a worker's. Commands retry with backoff while the server is
     /// unreachable; a retried `ack` is recognised, never applied twice.
     ///
     /// # Errors
     ///
-    /// [`Error::Unreachable`] if it cannot connect, [`Error::Closed`] if the wheel has shut
-    /// down.
+    /// [`Error::Unreachable`] if it cannot connect, [`Error::Invalid`] for a zero lease,
+    /// [`Error::Closed`] if the wheel has shut down.
     #[cfg(feature = "redis")]
     pub async fn redis(self, url: &str, name: &str, wheel: &Wheel) -> Result<DurableQueue, Error> {
+        let settings = self.settings()?;
         if wheel.is_shutdown() {
             return Err(Error::Closed);
         }
-        let settings = Settings {
-            policy: self.policy,
-            lease: self.lease,
-        };
-        let requests = self::redis::start(url, name, settings, wheel).await?;
+        let (requests, shared) = self::redis::start(url, name, settings, wheel).await?;
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,
+            route: Route::Redis(shared),
         })
     }
 
@@ -284,20 +365,18 @@ impl Builder {
     ///
     /// # Errors
     ///
-    /// What the store's `load` returns, or [`Error::Closed`] if the wheel has shut down.
+    /// What the store's `load` returns, [`Error::Invalid`] for a zero lease, or
+    /// [`Error::Closed`] if the wheel has shut down.
     pub async fn open_with_store(
         self,
         store: impl Store,
         wheel: &Wheel,
     ) -> Result<DurableQueue, Error> {
+        let settings = self.settings()?;
         if wheel.is_shutdown() {
             return Err(Error::Closed);
         }
         let (requests, receiver) = mpsc::unbounded_channel();
-        let settings = Settings {
-            policy: self.policy,
-            lease: self.lease,
-        };
         let weak = requests.downgrade();
         let owner = wheel.clone();
         let engine = tokio::task::spawn_blocking(move || {
@@ -305,12 +384,23 @@ impl Builder {
         })
         .await
         .map_err(|e| Error::Io(format!("loading the store panicked: {e}")))??;
-        wheel.shared().runtime.spawn(engine.run());
+        engine::attach(wheel).runtime.spawn(engine.run());
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,
+            route: Route::Engine,
         })
     }
+}
+
+/// Where a handle's calls go: through the engine task (embedded: it owns the store), or
+/// straight to the Redis server from the caller's task (each call is one atomic script; the
+/// Redis engine only claims, and is told what finished).
+#[derive(Clone)]
+pub(crate) enum Route {
+    Engine,
+    #[cfg(feature = "redis")]
+    Redis(Arc<self::redis::Shared>),
 }
 
 /// A durable queue of delayed tasks. Cheap to clone; every clone talks to one engine.
@@ -320,6 +410,8 @@ impl Builder {
 pub struct DurableQueue {
     requests: mpsc::UnboundedSender<Request>,
     prefetch: usize,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    route: Route,
 }
 
 impl fmt::Debug for DurableQueue {
@@ -341,7 +433,7 @@ impl DurableQueue {
         Builder::default().open(path, wheel).await
     }
 
-    /// A [`Builder`] for retry policy, lease and prefetch.
+    /// A [`Builder`] for retry policy, lease, prefetch, keep-alive and close timeout.
     pub fn builder() -> Builder {
         Builder::default()
     }
@@ -357,13 +449,27 @@ impl DurableQueue {
         answer.await.map_err(|_| Error::Closed)?
     }
 
+    /// The Redis connection to call directly, or `None` to go through the engine.
+    #[cfg(feature = "redis")]
+    fn redis(&self) -> Result<Option<&self::redis::Shared>, Error> {
+        match &self.route {
+            Route::Engine => Ok(None),
+            _ if self.requests.is_closed() => Err(Error::Closed),
+            Route::Redis(shared) => Ok(Some(shared)),
+        }
+    }
+
     /// Stores the task; returns its id once it is durable.
     ///
     /// # Errors
     ///
     /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Io`],
-    /// [`Error::Closed`].
+    /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.schedule(task).await;
+        }
         self.ask(|reply| Request::Schedule(task, reply)).await
     }
 
@@ -371,8 +477,12 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Io`], [`Error::Closed`].
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn cancel(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "cancel", 0).await;
+        }
         let id = id.as_str().to_owned();
         self.ask(|reply| Request::Cancel(id, reply)).await
     }
@@ -381,12 +491,14 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Io`], [`Error::Closed`].
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn reschedule(&self, id: &TaskId, when: SystemTime) -> Result<bool, Error> {
+        let due_ms = epoch_ms(when);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "reschedule", due_ms).await;
+        }
         let id = id.as_str().to_owned();
-        let due_ms = when
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         self.ask(|reply| Request::Reschedule(id, due_ms, reply))
             .await
     }
@@ -395,8 +507,12 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Closed`].
+    /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn len(&self) -> Result<usize, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.len().await;
+        }
         self.ask(Request::Len).await
     }
 
@@ -404,17 +520,22 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Closed`].
+    /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn is_empty(&self) -> Result<bool, Error> {
         Ok(self.len().await? == 0)
     }
 
-    /// The dead letters, oldest schedule first.
+    /// The dead letters, oldest schedule first. On Redis they are read in pages of 1000, so
+    /// a long list never blocks the server.
     ///
     /// # Errors
     ///
-    /// [`Error::Closed`].
+    /// [`Error::Unreachable`], [`Error::Closed`].
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.dead_letters().await;
+        }
         self.ask(Request::DeadLetters).await
     }
 
@@ -423,32 +544,46 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Io`], [`Error::Closed`].
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn redrive(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "redrive", 0).await;
+        }
         let id = id.as_str().to_owned();
         self.ask(|reply| Request::Redrive(id, reply)).await
     }
 
     /// A stream of due tasks. Tasks are claimed only while a stream is polled, at most the
     /// prefetch ahead of what was read. May be called more than once; each task goes to one
-    /// stream. The stream ends when the queue closes or its wheel shuts down.
+    /// stream. The stream ends when the queue closes or its wheel shuts down. Dropping it
+    /// returns the tasks it had claimed but not yet yielded at once, attempt count unchanged.
     pub fn deliveries(&self) -> Deliveries {
         let (sender, receiver) = mpsc::unbounded_channel();
         let credits = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicBool::new(false));
         let _ = self.requests.send(Request::Subscribe(Consumer {
             credits: credits.clone(),
+            closed: closed.clone(),
             sender,
         }));
         Deliveries {
             receiver,
             credits,
+            closed,
             prefetch: self.prefetch,
             requests: self.requests.clone(),
         }
     }
 
-    /// Closes the queue now and releases the store for another handle; pending tasks stay in
-    /// the store. Other clones, streams and deliveries answer [`Error::Closed`] from then on.
+    /// Closes the queue gracefully and releases the store for another handle; pending tasks
+    /// stay in the store.
+    ///
+    /// In order: stops claiming; returns the tasks its streams had claimed but not yet
+    /// yielded (at once, their attempt count unchanged) and ends the streams; then waits for
+    /// the deliveries it handed out to be finished or dropped, at most
+    /// [`Builder::close_timeout`] (default 30 s) — what is still held after that is left to
+    /// its lease. Other clones and deliveries answer [`Error::Closed`] once it returns.
     pub async fn close(&self) {
         let _ = self.ask(Request::Close).await;
     }
@@ -458,6 +593,8 @@ impl DurableQueue {
 pub struct Deliveries {
     receiver: mpsc::UnboundedReceiver<Delivery>,
     credits: Arc<AtomicUsize>,
+    /// Set by the engine when the queue closes: what is still buffered was returned.
+    closed: Arc<AtomicBool>,
     prefetch: usize,
     requests: mpsc::UnboundedSender<Request>,
 }
@@ -474,8 +611,19 @@ impl Stream for Deliveries {
     type Item = Delivery;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Delivery>> {
-        if let Poll::Ready(item) = self.receiver.poll_recv(cx) {
-            return Poll::Ready(item);
+        if self.closed.load(Ordering::Acquire) {
+            // The engine returned what we buffered: drop it unread.
+            self.receiver.close();
+            while self.receiver.try_recv().is_ok() {}
+            return Poll::Ready(None);
+        }
+        match self.receiver.poll_recv(cx) {
+            Poll::Ready(Some(mut delivery)) => {
+                delivery.hand_out();
+                return Poll::Ready(Some(delivery));
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {}
         }
         // Nothing buffered: ask for up to `prefetch` more, once.
         if self.credits.load(Ordering::Acquire) == 0 {
@@ -488,9 +636,21 @@ impl Stream for Deliveries {
     }
 }
 
+/// How a delivery is finished.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) enum Outcome {
+    Ack,
+    /// After this delay, or the policy's backoff.
+    Retry(Option<Duration>),
+    Fail(String),
+}
+
 /// A due task handed to a consumer, under a lease. Finish it with [`ack`](Delivery::ack),
 /// [`retry`](Delivery::retry), [`retry_after`](Delivery::retry_after) or
 /// [`fail`](Delivery::fail); dropped unfinished, it is delivered again when its lease ends.
+///
+/// The lease started when the stream yielded the delivery; [`extend`](Delivery::extend)
+/// moves its end.
 pub struct Delivery {
     id: TaskId,
     payload: Vec<u8>,
@@ -498,6 +658,12 @@ pub struct Delivery {
     due: SystemTime,
     token: u64,
     engine: mpsc::UnboundedSender<Request>,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    route: Route,
+    /// Yielded by the stream (else still in a prefetch buffer: dropping it returns the task).
+    handed_out: bool,
+    /// Finished successfully: dropping it tells the engine nothing.
+    finished: AtomicBool,
 }
 
 impl fmt::Debug for Delivery {
@@ -511,13 +677,57 @@ impl fmt::Debug for Delivery {
     }
 }
 
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if self.finished.load(Ordering::Acquire) {
+            return;
+        }
+        // Never handed out: the task goes back at once. Handed out: its lease runs out as
+        // promised (a dropped delivery is delivered again after it), but keep-alive and
+        // `close` stop waiting for it.
+        let _ = self.engine.send(if self.handed_out {
+            Request::Dropped(self.token)
+        } else {
+            Request::Release(self.token)
+        });
+    }
+}
+
 impl Delivery {
+    pub(crate) fn new(
+        id: TaskId,
+        payload: Vec<u8>,
+        attempt: u32,
+        due: SystemTime,
+        token: u64,
+        engine: mpsc::UnboundedSender<Request>,
+        route: Route,
+    ) -> Delivery {
+        Delivery {
+            id,
+            payload,
+            attempt,
+            due,
+            token,
+            engine,
+            route,
+            handed_out: false,
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// The stream yields it: its lease starts now.
+    fn hand_out(&mut self) {
+        self.handed_out = true;
+        let _ = self.engine.send(Request::HandedOut(self.token));
+    }
+
     /// The task's id.
     pub fn id(&self) -> &TaskId {
         &self.id
     }
 
-    /// The task's payload.
+    /// The task's payload: exactly the bytes that were scheduled.
     pub fn payload(&self) -> &[u8] {
         &self.payload
     }
@@ -537,31 +747,51 @@ impl Delivery {
         self.attempt
     }
 
-    /// When the task was due.
+    /// When the task was due (by the store's clock).
     pub fn due(&self) -> SystemTime {
         self.due
     }
 
     async fn finish(
         &self,
+        #[cfg_attr(not(feature = "redis"), allow(unused_variables))] outcome: Outcome,
         request: impl FnOnce(oneshot::Sender<Result<(), Error>>) -> Request,
     ) -> Result<(), Error> {
-        let (reply, answer) = oneshot::channel();
-        self.engine
-            .send(request(reply))
-            .map_err(|_| Error::Closed)?;
-        answer.await.map_err(|_| Error::Closed)?
+        let result = match &self.route {
+            Route::Engine => {
+                let (reply, answer) = oneshot::channel();
+                self.engine
+                    .send(request(reply))
+                    .map_err(|_| Error::Closed)?;
+                answer.await.map_err(|_| Error::Closed)?
+            }
+            #[cfg(feature = "redis")]
+            Route::Redis(shared) => {
+                // The engine stops waiting for it (close, keep-alive); the store decides.
+                self.engine
+                    .send(Request::Finishing(self.token))
+                    .map_err(|_| Error::Closed)?;
+                shared
+                    .finish(self.id.as_str(), self.token, self.attempt, outcome)
+                    .await
+            }
+        };
+        if result.is_ok() {
+            self.finished.store(true, Ordering::Release);
+        }
+        result
     }
 
     /// Done: deletes the task for good, once durable.
     ///
     /// # Errors
     ///
-    /// [`Error::LeaseLost`] if the lease ran out and the task moved on (it was not deleted by
-    /// this call), [`Error::Io`], [`Error::Closed`].
+    /// [`Error::LeaseLost`] if the task was handed out again or moved on (this call changed
+    /// nothing), [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`]. An `ack` whose reply
+    /// was lost and that is retried is recognised and answers `Ok` (for about one lease).
     pub async fn ack(&self) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
-        self.finish(|reply| Request::Ack(id, self.token, reply))
+        self.finish(Outcome::Ack, |reply| Request::Ack(id, self.token, reply))
             .await
     }
 
@@ -573,19 +803,25 @@ impl Delivery {
     /// As [`ack`](Delivery::ack).
     pub async fn retry(&self) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
-        self.finish(|reply| Request::Retry(id, self.token, self.attempt, None, reply))
-            .await
+        self.finish(Outcome::Retry(None), |reply| {
+            Request::Retry(id, self.token, self.attempt, None, reply)
+        })
+        .await
     }
 
-    /// Not now: delivers the task again after `delay` (e.g. a server's `Retry-After`).
+    /// Not now: delivers the task again after `delay` (e.g. a server's `Retry-After`), by the
+    /// store's clock. Counts toward the policy's `max_attempts` like [`retry`](Delivery::retry):
+    /// on the last attempt the task goes to the dead letters.
     ///
     /// # Errors
     ///
     /// As [`ack`](Delivery::ack).
     pub async fn retry_after(&self, delay: Duration) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
-        self.finish(|reply| Request::Retry(id, self.token, self.attempt, Some(delay), reply))
-            .await
+        self.finish(Outcome::Retry(Some(delay)), |reply| {
+            Request::Retry(id, self.token, self.attempt, Some(delay), reply)
+        })
+        .await
     }
 
     /// Never: moves the task to the dead letters with `reason`.
@@ -596,7 +832,41 @@ impl Delivery {
     pub async fn fail(&self, reason: impl Into<String>) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
         let reason = reason.into();
-        self.finish(|reply| Request::Fail(id, self.token, reason, reply))
-            .await
+        self.finish(Outcome::Fail(reason.clone()), |reply| {
+            Request::Fail(id, self.token, reason, reply)
+        })
+        .await
+    }
+
+    /// Keeps the lease for a long job: it now ends `duration` from now (by the store's
+    /// clock), whatever was left of it. Call it again before then to go on.
+    ///
+    /// Cost: one store round trip on Redis; nothing durable on the embedded store (its leases
+    /// live in the process that holds the lock).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the lease already ran out (or the delivery was finished),
+    /// [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn extend(&self, duration: Duration) -> Result<(), Error> {
+        #[cfg(feature = "redis")]
+        if let Route::Redis(shared) = &self.route {
+            if self.engine.is_closed() {
+                return Err(Error::Closed);
+            }
+            let held = shared
+                .extend(&[(self.id.as_str().to_owned(), self.token)], duration)
+                .await?;
+            return if held == 1 {
+                Ok(())
+            } else {
+                Err(Error::LeaseLost)
+            };
+        }
+        let (reply, answer) = oneshot::channel();
+        self.engine
+            .send(Request::Extend(self.token, duration, reply))
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
     }
 }

@@ -8,156 +8,361 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `tw:{orders}:payload` | hash | id → payload |
-//! | `tw:{orders}:meta` | hash | id → `state|due|seq|attempts|token|reason` |
+//! | `tw:{orders}:meta` | hash | id → `state|due|seq|attempts|token|call|reason` (`call` names the schedule call that made it, so that call retried after a lost reply is recognised) |
 //! | `tw:{orders}:due` | sorted set | pending tasks, score = due (ms), member = zero-padded seq + id, so ties go in schedule order |
 //! | `tw:{orders}:inflight` | sorted set | in-flight ids, score = lease end (ms) |
 //! | `tw:{orders}:dead` | sorted set | dead ids, score = seq |
 //! | `tw:{orders}:seq`, `tw:{orders}:token` | counters | schedule order, delivery tokens |
-//! | `tw:{orders}:done` | sorted set | `id:token` of recent finishes, so a retried ack is recognised (kept an hour) |
+//! | `tw:{orders}:done:<id>` | string, expires after one lease | `token|call|schedule-call` of the task's last finish, so that finish call, and the schedule call that made the task, retried after a lost reply, are recognised |
+//! | `tw:{orders}:claim:<claimer>:<n>` | list, expires after one lease | `id, token, …` of one claim call, so a claim whose reply was lost is answered again |
 //!
-//! A claim is one Lua script: it moves expired leases back to pending (or to the dead letters),
-//! then moves due tasks to in-flight with a lease and returns them, plus the next due time and
-//! next lease end so the process's wheel can sleep exactly until then. Newly scheduled or
-//! moved tasks are announced on the channel `tw:{orders}:wake`, which wakes idle workers at
-//! once. No worker polls.
+//! # One clock
 //!
-//! To spread load, use several queues (each its own slot); a queue's throughput is bounded by
-//! the one Redis node that holds its slot.
+//! Every script reads the server's `TIME`: due times, lease ends and mark windows are judged
+//! by it alone. `Task::after` sends the delay, not an instant. A worker keeps an estimate of
+//! the server clock's offset from its own (from the `TIME` its claims return) only to arm its
+//! wheel; when it wakes it asks the server, which decides what is due.
+//!
+//! # Claims
+//!
+//! A claim is one script: it moves at most [`EXPIRE_BATCH`] expired leases back to pending (or
+//! to the dead letters), then moves at most [`CLAIM_BATCH`] due tasks to in-flight and returns
+//! them *with their payloads*, plus the server's time, the next due time and next lease end. A
+//! task is handed out only from that one atomic reply; a claim whose reply is lost is retried
+//! with the same claim id and answered again from its record.
+//!
+//! A claimed task first waits in its stream's prefetch buffer under a lease the engine renews
+//! (one script per lease/3 for all buffered claims); when the stream yields it, its lease is
+//! set to a full lease from then. Dropping a stream returns what it buffered.
+//!
+//! # Wake-ups
+//!
+//! A script that makes a task pending publishes its due time on `tw:{orders}:wake` only when
+//! it is earlier than every pending task — i.e. earlier than anything a worker knows of. Idle
+//! workers re-arm their wheel to it (no call) and claim only when it is due. No worker polls.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::engine::{
-    Consumer, Request, Settings, far_future, instant_of, last_attempt_reason, now_ms, system_time,
+    Consumer, Reply, Request, Settings, attach, far_future, now_ms, shut_down, system_time,
 };
-use super::{DeadLetter, Delivery, Error, Task, TaskId};
+use super::{DeadLetter, Delivery, Due, Error, Outcome, Route, Task, TaskId};
 use crate::Wheel;
 
 /// Most tasks one claim script hands out.
 const CLAIM_BATCH: usize = 256;
-/// Tries of a command before its error is surfaced; with the backoff between them (25 ms
-/// doubling to 2 s) this rides out about ten seconds of outage or of a restarting server.
-const TRIES: u32 = 10;
+/// Most expired leases one claim script moves back; more follow in the next call at once.
+pub(crate) const EXPIRE_BATCH: usize = 500;
+/// Most entries one renewal, release or dead-letter page touches.
+const PAGE: usize = 1000;
+/// How long a command is retried while the server is unreachable before its error is
+/// surfaced: rides out a restarting server or a connection that keeps dropping.
+const RETRY_BUDGET: Duration = Duration::from_secs(10);
+/// The backoff between tries doubles from the first to the last.
+const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(500));
+/// Shortest window in which a retried finish is recognised.
+const MIN_MARK_WINDOW: Duration = Duration::from_secs(1);
 
-const SCHEDULE: &str = r#"
-local m = redis.call('HGET', KEYS[2], ARGV[1])
-if m then
-  local st, due, seq = string.match(m, '^(%a)|(%d+)|(%d+)|')
-  if st == 'i' then return 'INFLIGHT' end
-  if st == 'p' then redis.call('ZREM', KEYS[3], string.format('%020d', tonumber(seq)) .. ':' .. ARGV[1]) end
-  if st == 'd' then redis.call('ZREM', KEYS[4], ARGV[1]) end
+/// Shared by every script: the server's clock, the metadata record, and targeted wake-ups.
+macro_rules! lua {
+    ($body:literal) => {
+        concat!(
+            r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local seq = redis.call('INCR', KEYS[5])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], 'p|' .. ARGV[3] .. '|' .. seq .. '|0|0|')
-redis.call('ZADD', KEYS[3], ARGV[3], string.format('%020d', seq) .. ':' .. ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[3])
-return 'OK'
-"#;
-
-const CLAIM: &str = r#"
-local now = tonumber(ARGV[1])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for _, id in ipairs(expired) do
-  redis.call('ZREM', KEYS[3], id)
-  local m = redis.call('HGET', KEYS[1], id)
-  if m then
-    local st, due, seq, att = string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|')
-    if tonumber(att) >= tonumber(ARGV[4]) then
-      redis.call('HSET', KEYS[1], id, 'd|' .. due .. '|' .. seq .. '|' .. att .. '|0|lease expired on delivery ' .. att .. ' of ' .. ARGV[4])
-      redis.call('ZADD', KEYS[4], seq, id)
-    else
-      redis.call('HSET', KEYS[1], id, 'p|' .. now .. '|' .. seq .. '|' .. att .. '|0|')
-      redis.call('ZADD', KEYS[2], now, string.format('%020d', tonumber(seq)) .. ':' .. id)
-    end
+local function fmt(n) return string.format('%d', n) end
+local function member(seq, id) return string.format('%020d', seq) .. ':' .. id end
+-- A task's record: state|due|seq|attempts|token|call|reason, `call` naming the schedule
+-- call that made it (so that call, retried after a lost reply, is recognised).
+local function parse(m)
+  local st, d, seq, att, tok, call, reason =
+    string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
+  return st, tonumber(d), tonumber(seq), tonumber(att), tok, reason, call
+end
+local function record(st, d, seq, att, tok, reason, call)
+  return st .. '|' .. fmt(d) .. '|' .. fmt(seq) .. '|' .. fmt(att) .. '|' .. tok .. '|' ..
+    (call or '') .. '|' .. reason
+end
+-- Wakes one idle worker (one with room for more that found nothing to claim) to claim now.
+-- A worker that is gone has no subscriber on its channel: try the next.
+local function wake_one(idle)
+  for _ = 1, 8 do
+    local worker = redis.call('ZPOPMIN', idle)
+    if #worker == 0 then return end
+    if redis.call('PUBLISH', worker[1], 'claim') > 0 then return end
   end
 end
+-- Before a task becomes pending at `due`: only if it is earlier than every pending task (so
+-- earlier than anything a worker knows of), wake one idle worker if it is due already, or tell
+-- every worker its due time (they re-arm their wheels; no call) if it is not.
+local function announce(duekey, channel, idle, due, now)
+  local head = redis.call('ZRANGE', duekey, 0, 0, 'WITHSCORES')
+  if head[2] == nil or due < tonumber(head[2]) then
+    if due <= now then wake_one(idle) else redis.call('PUBLISH', channel, fmt(due)) end
+  end
+end
+"#,
+            $body
+        )
+    };
+}
+
+/// KEYS: payload meta due dead seq idle mark; ARGV: name id payload mode(at|after) ms channel
+/// call. A call retried after a lost reply is recognised (by the task's record, or by the mark
+/// its ack left) and answers 'OK' without acting again.
+const SCHEDULE: &str = lua!(
+    r#"
+local now = now_ms()
+local id = ARGV[2]
+local due = tonumber(ARGV[5])
+if ARGV[4] == 'after' then due = now + due end
+local m = redis.call('HGET', KEYS[2], id)
+if m then
+  local st, d, seq, att, tok, reason, call = parse(m)
+  if call == ARGV[7] then return 'OK' end -- this call, retried after a lost reply
+  if st == 'i' then return 'INFLIGHT' end
+  if st == 'p' then redis.call('ZREM', KEYS[3], member(seq, id)) end
+  if st == 'd' then redis.call('ZREM', KEYS[4], id) end
+else
+  local mark = redis.call('GET', KEYS[7])
+  if mark and string.match(mark, '|([^|]*)$') == ARGV[7] then return 'OK' end
+end
+local seq = redis.call('INCR', KEYS[5])
+redis.call('HSET', KEYS[1], id, ARGV[3])
+redis.call('HSET', KEYS[2], id, record('p', due, seq, 0, '0', '', ARGV[7]))
+announce(KEYS[3], ARGV[6], KEYS[6], due, now)
+redis.call('ZADD', KEYS[3], due, member(seq, id))
+return 'OK'
+"#
+);
+
+/// KEYS: meta due inflight dead token payload record previous-record idle;
+/// ARGV: name lease wanted max-attempts channel expire-batch worker-channel.
+/// A worker left with room (it claimed fewer than it wanted) joins the idle set, to be woken
+/// alone when a task becomes due; one that filled up while due tasks remain wakes another.
+/// Returns: now, next due, next lease end, more (1 if expired leases remain), then
+/// id, due, attempt, token, payload for each task handed out.
+const CLAIM: &str = lua!(
+    r#"
+local now = now_ms()
+local lease = tonumber(ARGV[2])
+redis.call('DEL', KEYS[8])
 local out = {}
-if tonumber(ARGV[3]) > 0 then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, ARGV[3])
-  for _, member in ipairs(due) do
-    redis.call('ZREM', KEYS[2], member)
-    local id = string.sub(member, 22)
+-- A task goes out with its payload, read in this same script.
+local function hand_out(id, d, att, tok)
+  table.insert(out, id)
+  table.insert(out, fmt(d))
+  table.insert(out, fmt(att))
+  table.insert(out, tok)
+  table.insert(out, redis.call('HGET', KEYS[6], id) or '')
+end
+local more = 0
+local replay = redis.call('LRANGE', KEYS[7], 0, -1)
+if #replay > 0 then
+  -- This claim ran before and its reply was lost: hand out the same tasks again.
+  for i = 1, #replay, 2 do
+    local id, tok = replay[i], replay[i + 1]
     local m = redis.call('HGET', KEYS[1], id)
-    local st, d, seq, att = string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|')
-    att = tonumber(att) + 1
-    local token = redis.call('INCR', KEYS[5])
-    redis.call('HSET', KEYS[1], id, 'i|' .. d .. '|' .. seq .. '|' .. att .. '|' .. token .. '|')
-    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), id)
-    table.insert(out, id)
-    table.insert(out, d)
-    table.insert(out, tostring(att))
-    table.insert(out, tostring(token))
+    if m then
+      local st, d, seq, att, t = parse(m)
+      if st == 'i' and t == tok then
+        hand_out(id, d, att, tok)
+      end
+    end
+  end
+else
+  local limit = tonumber(ARGV[6])
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, limit)
+  local announced = false
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', KEYS[3], id)
+    local m = redis.call('HGET', KEYS[1], id)
+    if m then
+      local st, d, seq, att, t, r, call = parse(m)
+      if att >= tonumber(ARGV[4]) then
+        redis.call('HSET', KEYS[1], id, record('d', d, seq, att, '0',
+          'lease expired on delivery ' .. fmt(att) .. ' of ' .. ARGV[4], call))
+        redis.call('ZADD', KEYS[4], seq, id)
+      else
+        if not announced then
+          announce(KEYS[2], ARGV[5], KEYS[9], now, now)
+          announced = true
+        end
+        redis.call('HSET', KEYS[1], id, record('p', now, seq, att, '0', '', call))
+        redis.call('ZADD', KEYS[2], now, member(seq, id))
+      end
+    end
+  end
+  if #expired == limit then more = 1 end
+  local wanted = tonumber(ARGV[3])
+  if wanted > 0 then
+    local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, wanted)
+    for _, mem in ipairs(due) do
+      redis.call('ZREM', KEYS[2], mem)
+      local id = string.sub(mem, 22)
+      local st, d, seq, att, t, r, call = parse(redis.call('HGET', KEYS[1], id))
+      att = att + 1
+      local tok = fmt(redis.call('INCR', KEYS[5]))
+      redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, '', call))
+      redis.call('ZADD', KEYS[3], now + lease, id)
+      redis.call('RPUSH', KEYS[7], id, tok)
+      hand_out(id, d, att, tok)
+    end
+    if #due > 0 then redis.call('PEXPIRE', KEYS[7], lease) end
+    if #due < wanted then
+      redis.call('ZADD', KEYS[9], now, ARGV[7])
+    else
+      redis.call('ZREM', KEYS[9], ARGV[7])
+    end
+  else
+    redis.call('ZREM', KEYS[9], ARGV[7])
+  end
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) <= now and (wanted == 0 or #out == wanted * 5) then
+    wake_one(KEYS[9])
   end
 end
 local nd = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local nl = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-table.insert(out, nd[2] or '')
-table.insert(out, nl[2] or '')
-return out
-"#;
+local head = {fmt(now), nd[2] or '', nl[2] or '', fmt(more)}
+for _, v in ipairs(out) do table.insert(head, v) end
+return head
+"#
+);
 
-/// KEYS: payload meta inflight due dead done; ARGV: id token now outcome due reason.
-/// outcome: 'ack' deletes, 'retry' pends at `due`, 'dead' buries with `reason`.
-const FINISH: &str = r#"
-local m = redis.call('HGET', KEYS[2], ARGV[1])
-local mark = ARGV[1] .. ':' .. ARGV[2]
+/// KEYS: payload meta inflight due dead mark idle;
+/// ARGV: name id token outcome(ack|retry|dead) delay reason channel max-attempts window call.
+/// A retry of the last attempt goes to the dead letters. Returns 1 if this call took effect
+/// (now, or before when its reply was lost: the mark names the delivery and the call), 0 if
+/// the lease was lost — including a second, different finish of the same delivery. The mark
+/// also names the schedule call that made the task, so that call, retried after the task was
+/// acked, does not make it again.
+const FINISH: &str = lua!(
+    r#"
+local id, tok, outcome = ARGV[2], ARGV[3], ARGV[4]
+local m = redis.call('HGET', KEYS[2], id)
 if m then
-  local st, d, seq, att, tok = string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|')
-  if st == 'i' and tok == ARGV[2] then
-    redis.call('ZREM', KEYS[3], ARGV[1])
-    if ARGV[4] == 'ack' then
-      redis.call('HDEL', KEYS[1], ARGV[1])
-      redis.call('HDEL', KEYS[2], ARGV[1])
-    elseif ARGV[4] == 'retry' then
-      redis.call('HSET', KEYS[2], ARGV[1], 'p|' .. ARGV[5] .. '|' .. seq .. '|' .. att .. '|0|')
-      redis.call('ZADD', KEYS[4], ARGV[5], string.format('%020d', tonumber(seq)) .. ':' .. ARGV[1])
-      redis.call('PUBLISH', ARGV[7], ARGV[5])
+  local st, d, seq, att, t, r, call = parse(m)
+  if st == 'i' and t == tok then
+    redis.call('ZREM', KEYS[3], id)
+    if outcome == 'ack' then
+      redis.call('HDEL', KEYS[1], id)
+      redis.call('HDEL', KEYS[2], id)
+    elseif outcome == 'retry' and att < tonumber(ARGV[8]) then
+      local now = now_ms()
+      local due = now + tonumber(ARGV[5])
+      redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
+      announce(KEYS[4], ARGV[7], KEYS[7], due, now)
+      redis.call('ZADD', KEYS[4], due, member(seq, id))
     else
-      redis.call('HSET', KEYS[2], ARGV[1], 'd|' .. d .. '|' .. seq .. '|' .. att .. '|0|' .. ARGV[6])
-      redis.call('ZADD', KEYS[5], seq, ARGV[1])
+      local reason = ARGV[6]
+      if outcome == 'retry' then
+        reason = 'retried on its last delivery (' .. fmt(att) .. ' of ' .. fmt(att) .. ')'
+      end
+      redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason, call))
+      redis.call('ZADD', KEYS[5], seq, id)
     end
-    redis.call('ZADD', KEYS[6], ARGV[3], mark)
-    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', tonumber(ARGV[3]) - 3600000)
+    redis.call('SET', KEYS[6], tok .. '|' .. ARGV[10] .. '|' .. (call or ''), 'PX', ARGV[9])
     return 1
   end
 end
-if redis.call('ZSCORE', KEYS[6], mark) then return 1 end
-return 0
-"#;
-
-/// KEYS: payload meta due dead; ARGV: id op due channel now. op: cancel | reschedule | redrive.
-const CHANGE: &str = r#"
-local m = redis.call('HGET', KEYS[2], ARGV[1])
-if not m then return 0 end
-local st, d, seq, att, tok, reason = string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
-local member = string.format('%020d', tonumber(seq)) .. ':' .. ARGV[1]
-if ARGV[2] == 'cancel' and st == 'p' then
-  redis.call('ZREM', KEYS[3], member)
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  return 1
-elseif ARGV[2] == 'reschedule' and st == 'p' then
-  redis.call('HSET', KEYS[2], ARGV[1], 'p|' .. ARGV[3] .. '|' .. seq .. '|' .. att .. '|0|')
-  redis.call('ZADD', KEYS[3], ARGV[3], member)
-  redis.call('PUBLISH', ARGV[4], ARGV[3])
-  return 1
-elseif ARGV[2] == 'redrive' and st == 'd' then
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  redis.call('HSET', KEYS[2], ARGV[1], 'p|' .. ARGV[5] .. '|' .. seq .. '|0|0|')
-  redis.call('ZADD', KEYS[3], ARGV[5], member)
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+local mark = redis.call('GET', KEYS[6])
+if mark and string.match(mark, '^(%d+)|([^|]*)|') == tok and
+   select(2, string.match(mark, '^(%d+)|([^|]*)|')) == ARGV[10] then
   return 1
 end
 return 0
-"#;
+"#
+);
+
+/// KEYS: meta inflight; ARGV: name lease (id token)…; sets each lease still held by that
+/// token to end `lease` from now. Returns 1 or 0 per pair.
+const EXTEND: &str = lua!(
+    r#"
+local lease_end = now_ms() + tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV, 2 do
+  local ok = 0
+  local m = redis.call('HGET', KEYS[1], ARGV[i])
+  if m then
+    local st, d, seq, att, t = parse(m)
+    if st == 'i' and t == ARGV[i + 1] then
+      redis.call('ZADD', KEYS[2], lease_end, ARGV[i])
+      ok = 1
+    end
+  end
+  table.insert(out, ok)
+end
+return out
+"#
+);
+
+/// KEYS: meta inflight due idle; ARGV: name channel (id token)…; returns claims never handed
+/// out: pending again at their due time, the delivery not counted.
+const RELEASE: &str = lua!(
+    r#"
+local now = now_ms()
+local n = 0
+for i = 3, #ARGV, 2 do
+  local id = ARGV[i]
+  local m = redis.call('HGET', KEYS[1], id)
+  if m then
+    local st, d, seq, att, t, r, call = parse(m)
+    if st == 'i' and t == ARGV[i + 1] then
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('HSET', KEYS[1], id, record('p', d, seq, math.max(att - 1, 0), '0', '', call))
+      announce(KEYS[3], ARGV[2], KEYS[4], d, now)
+      redis.call('ZADD', KEYS[3], d, member(seq, id))
+      n = n + 1
+    end
+  end
+end
+return n
+"#
+);
+
+/// KEYS: payload meta due dead idle; ARGV: name id op(cancel|reschedule|redrive) due channel.
+const CHANGE: &str = lua!(
+    r#"
+local id = ARGV[2]
+local now = now_ms()
+local m = redis.call('HGET', KEYS[2], id)
+if not m then return 0 end
+local st, d, seq, att, tok, reason, call = parse(m)
+local op = ARGV[3]
+if op == 'cancel' and st == 'p' then
+  redis.call('ZREM', KEYS[3], member(seq, id))
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  return 1
+elseif op == 'reschedule' and st == 'p' then
+  local due = tonumber(ARGV[4])
+  redis.call('ZREM', KEYS[3], member(seq, id))
+  redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
+  announce(KEYS[3], ARGV[5], KEYS[5], due, now)
+  redis.call('ZADD', KEYS[3], due, member(seq, id))
+  return 1
+elseif op == 'redrive' and st == 'd' then
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('HSET', KEYS[2], id, record('p', now, seq, 0, '0', '', call))
+  announce(KEYS[3], ARGV[5], KEYS[5], now, now)
+  redis.call('ZADD', KEYS[3], now, member(seq, id))
+  return 1
+end
+return 0
+"#
+);
 
 /// Script arguments, each turned into Redis bytes once (so retries resend the same values).
 macro_rules! redis_args {
@@ -167,8 +372,10 @@ macro_rules! redis_args {
         args
     }};
 }
-/// The keys and scripts of one queue.
+
+/// The keys of one queue.
 struct Keys {
+    prefix: String,
     payload: String,
     meta: String,
     due: String,
@@ -176,13 +383,15 @@ struct Keys {
     dead: String,
     seq: String,
     token: String,
-    done: String,
+    /// Workers with room for more that found nothing due: the one to wake for a due task.
+    idle: String,
     channel: String,
 }
 
 impl Keys {
     fn new(name: &str) -> Keys {
-        let key = |part: &str| format!("tw:{{{name}}}:{part}");
+        let prefix = format!("tw:{{{name}}}:");
+        let key = |part: &str| format!("{prefix}{part}");
         Keys {
             payload: key("payload"),
             meta: key("meta"),
@@ -191,9 +400,32 @@ impl Keys {
             dead: key("dead"),
             seq: key("seq"),
             token: key("token"),
-            done: key("done"),
+            idle: key("idle"),
             channel: key("wake"),
+            prefix,
         }
+    }
+
+    /// Where the outcome of the delivery with this token is remembered for a while.
+    /// Where the last finish of task `id` is remembered for a while (which delivery, which
+    /// call, and which schedule call made the task).
+    fn mark(&self, id: &str) -> String {
+        format!("{}done:{id}", self.prefix)
+    }
+
+    /// The channel that wakes one worker alone.
+    fn worker_channel(&self, claimer: &str) -> String {
+        format!("{}wake:{claimer}", self.prefix)
+    }
+
+    /// The channels a worker listens on: every worker's, and its own.
+    fn channels(&self, claimer: &str) -> (String, String) {
+        (self.channel.clone(), self.worker_channel(claimer))
+    }
+
+    /// Where one claim call records what it handed out.
+    fn claim_record(&self, claimer: &str, call: u64) -> String {
+        format!("{}claim:{claimer}:{call}", self.prefix)
     }
 }
 
@@ -201,11 +433,14 @@ struct Scripts {
     schedule: Script,
     claim: Script,
     finish: Script,
+    extend: Script,
+    release: Script,
     change: Script,
 }
 
-/// What every request task of one queue shares.
-struct Shared {
+/// One queue's connection, keys, scripts and settings: what the engine and every handle and
+/// delivery of the queue call directly.
+pub(crate) struct Shared {
     keys: Keys,
     scripts: Scripts,
     connection: ConnectionManager,
@@ -224,20 +459,19 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = redis::RedisResult<T>>,
 {
-    let mut delay = Duration::from_millis(25);
-    let mut tries = 0;
+    let start = Instant::now();
+    let mut delay = RETRY_BACKOFF.0;
     loop {
         match operation().await {
             Ok(value) => return Ok(value),
             Err(error) if !is_transient(&error) => return Err(Error::Io(error.to_string())),
             Err(error) => {
-                tries += 1;
-                if tries >= TRIES {
+                if start.elapsed() >= RETRY_BUDGET {
                     return Err(Error::Unreachable(error.to_string()));
                 }
-                tracing::debug!(%error, tries, "redis unreachable; retrying");
+                tracing::debug!(%error, "redis unreachable; retrying");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
+                delay = (delay * 2).min(RETRY_BACKOFF.1);
             }
         }
     }
@@ -249,7 +483,7 @@ pub(crate) async fn start(
     name: &str,
     settings: Settings,
     wheel: &Wheel,
-) -> Result<mpsc::UnboundedSender<Request>, Error> {
+) -> Result<(mpsc::UnboundedSender<Request>, Arc<Shared>), Error> {
     let client = redis::Client::open(url).map_err(|e| Error::Unreachable(e.to_string()))?;
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_number_of_retries(2)
@@ -269,43 +503,89 @@ pub(crate) async fn start(
             schedule: Script::new(SCHEDULE),
             claim: Script::new(CLAIM),
             finish: Script::new(FINISH),
+            extend: Script::new(EXTEND),
+            release: Script::new(RELEASE),
             change: Script::new(CHANGE),
         },
         connection,
         settings,
     });
     let (requests, receiver) = mpsc::unbounded_channel();
-    let wake = Arc::new(Notify::new());
-    let runtime = &wheel.shared().runtime;
-    let listener = runtime.spawn(listen(client, shared.keys.channel.clone(), wake.clone()));
+    let (wake_sender, wakes) = mpsc::unbounded_channel();
+    let attachment = attach(wheel);
+    let claimer = TaskId::generate().0;
+    let listener =
+        attachment
+            .runtime
+            .spawn(listen(client, shared.keys.channels(&claimer), wake_sender));
     let engine = RedisEngine {
-        shared,
+        shared: shared.clone(),
         requests: receiver,
         handle: requests.downgrade(),
         consumers: Vec::new(),
         wheel: wheel.clone(),
-        wake,
+        shutdown: attachment.shutdown,
+        wakes,
+        own_channel: shared.keys.worker_channel(&claimer),
+        claimer,
+        claims: 0,
+        offset_ms: 0,
+        next_due: None,
+        next_lease: None,
+        more: false,
+        refresh: true,
+        demand: false,
+        retry_at: None,
+        buffered: HashMap::new(),
+        held: HashMap::new(),
+        handouts: Vec::new(),
+        renew_at: None,
+        closing: Vec::new(),
+        close_deadline: None,
+        closing_streams: false,
     };
-    runtime.spawn(async move {
+    attachment.runtime.spawn(async move {
         engine.run().await;
         listener.abort();
     });
-    Ok(requests)
+    Ok((requests, shared))
 }
 
-/// Subscribes to the queue's wake channel, resubscribing after connection loss, and wakes the
-/// engine on every message.
-async fn listen(client: redis::Client, channel: String, wake: Arc<Notify>) {
+/// What the wake channels tell the engine.
+enum Wake {
+    /// This worker was picked to claim a task that is due (on its own channel).
+    Claim,
+    /// A task became pending at this server time, earlier than any other.
+    Due(u64),
+    /// (Re)subscribed: anything may have happened while away.
+    Refresh,
+}
+
+/// Subscribes to the queue's wake channel, resubscribing after connection loss, and passes
+/// every message to the engine.
+async fn listen(
+    client: redis::Client,
+    (shared, own): (String, String),
+    wake: mpsc::UnboundedSender<Wake>,
+) {
     let mut delay = Duration::from_millis(50);
     loop {
         if let Ok(mut pubsub) = client.get_async_pubsub().await {
-            if pubsub.subscribe(&channel).await.is_ok() {
+            if pubsub.subscribe(&[&shared, &own]).await.is_ok() {
                 delay = Duration::from_millis(50);
-                // Anything scheduled while we were away is picked up by this wake.
-                wake.notify_one();
+                if wake.send(Wake::Refresh).is_err() {
+                    return;
+                }
                 let mut messages = pubsub.on_message();
-                while messages.next().await.is_some() {
-                    wake.notify_one();
+                while let Some(message) = messages.next().await {
+                    let event = if message.get_channel_name() == own {
+                        Wake::Claim
+                    } else {
+                        Wake::Due(message.get_payload::<u64>().unwrap_or(0))
+                    };
+                    if wake.send(event).is_err() {
+                        return;
+                    }
                 }
             }
         }
@@ -314,132 +594,200 @@ async fn listen(client: redis::Client, channel: String, wake: Arc<Notify>) {
     }
 }
 
+/// One claim call's answer.
+struct Claim {
+    server_now: u64,
+    next_due: Option<u64>,
+    next_lease: Option<u64>,
+    more: bool,
+    /// id, due, attempt, token, payload.
+    tasks: Vec<(String, u64, u32, u64, Vec<u8>)>,
+}
+
 struct RedisEngine {
     shared: Arc<Shared>,
     requests: mpsc::UnboundedReceiver<Request>,
     handle: mpsc::WeakUnboundedSender<Request>,
     consumers: Vec<Consumer>,
     wheel: Wheel,
-    wake: Arc<Notify>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    wakes: mpsc::UnboundedReceiver<Wake>,
+    /// Names this engine's claim records; `claims` counts its claim calls.
+    claimer: String,
+    /// Where the server wakes this worker alone.
+    own_channel: String,
+    claims: u64,
+    /// Server clock minus this process's wall clock (ms), from the last claim: used only to
+    /// arm the wheel, never to decide what is due.
+    offset_ms: i64,
+    /// Server times: the earliest pending task and lease end known.
+    next_due: Option<u64>,
+    next_lease: Option<u64>,
+    /// Expired leases remain beyond the last claim's batch.
+    more: bool,
+    /// Learn the heads again (at start, after a resubscribe, after an error).
+    refresh: bool,
+    /// A stream asked for more since the last claim.
+    demand: bool,
+    retry_at: Option<Instant>,
+    /// Claims waiting in a stream's buffer: token → (id, when the claim was sent).
+    buffered: HashMap<u64, (String, Instant)>,
+    /// Handed out, neither finished nor dropped: token → id.
+    held: HashMap<u64, String>,
+    /// Handed out this turn after waiting in a buffer: their leases restart.
+    handouts: Vec<(String, u64)>,
+    renew_at: Option<Instant>,
+    closing: Vec<Reply<()>>,
+    close_deadline: Option<Instant>,
+    /// `close()` was called: end the streams and return their buffers in this turn.
+    closing_streams: bool,
 }
 
 impl RedisEngine {
     async fn run(mut self) {
-        let mut shutdown = self.wheel.shared().shutdown_signal();
-        let mut next: Option<u64> = None;
-        let mut retry_at: Option<Instant> = None;
         loop {
-            if *shutdown.borrow_and_update() {
+            if *self.shutdown.borrow_and_update() || self.close_done() {
                 break;
             }
-            let wanted: usize = self
-                .consumers
-                .iter()
-                .map(|c| c.credits.load(Ordering::Acquire))
-                .sum();
-            if wanted > 0 || next.is_some_and(|at| at <= now_ms()) {
-                match self.claim(wanted).await {
-                    Ok(wake_at) => {
-                        next = wake_at;
-                        retry_at = None;
-                    }
+            if self.should_claim() {
+                match self.claim().await {
+                    Ok(()) => self.retry_at = None,
                     Err(error) => {
                         tracing::warn!(%error, "claiming from redis failed; retrying");
-                        retry_at = Some(Instant::now() + Duration::from_millis(200));
+                        self.refresh = true;
+                        self.retry_at = Some(Instant::now() + Duration::from_millis(200));
                     }
                 }
             }
-            let wanted_now = self
-                .consumers
-                .iter()
-                .any(|c| c.credits.load(Ordering::Acquire) > 0);
-            let at = match (retry_at, next) {
-                (Some(at), _) => Some(at),
-                (None, Some(ms)) => Some(instant_of(ms)),
-                (None, None) => None,
-            };
+            self.renew_if_due();
+            let at = self.next_wake();
             let sleep = self.wheel.sleep_until(at.unwrap_or_else(far_future));
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => break,
+                () = shut_down(&mut self.shutdown) => break,
                 request = self.requests.recv() => match request {
-                    Some(Request::Close(reply)) => {
-                        let _ = reply.send(Ok(()));
-                        break;
+                    Some(request) => {
+                        self.handle_request(request);
+                        // Take whatever else is queued in the same turn.
+                        while let Ok(request) = self.requests.try_recv() {
+                            self.handle_request(request);
+                        }
+                        self.start_handed_out_leases();
                     }
-                    Some(request) => self.handle_request(request),
                     None => break,
                 },
-                () = self.wake.notified(), if wanted_now => {}
+                Some(wake) = self.wakes.recv() => self.woken(wake),
                 () = sleep, if at.is_some() => {}
+            }
+            if std::mem::take(&mut self.closing_streams) {
+                self.close_streams().await;
             }
             self.consumers.retain(|c| !c.sender.is_closed());
         }
-        self.consumers.clear();
+        // What is already queued first: a delivery its stream yielded just before the stop is
+        // held, not buffered, and must not be returned.
         self.requests.close();
-    }
-
-    fn handle_request(&mut self, request: Request) {
-        let shared = self.shared.clone();
-        match request {
-            Request::Subscribe(consumer) => self.consumers.push(consumer),
-            Request::Demand | Request::Close(_) => {}
-            Request::Schedule(task, reply) => {
-                tokio::spawn(async move { drop(reply.send(shared.schedule(task).await)) });
+        while let Ok(request) = self.requests.try_recv() {
+            match request {
+                Request::HandedOut(_)
+                | Request::Dropped(_)
+                | Request::Release(_)
+                | Request::Finishing(_)
+                | Request::Close(_) => self.handle_request(request),
+                _ => {} // dropping its reply answers `Closed`
             }
-            Request::Cancel(id, reply) => {
-                tokio::spawn(
-                    async move { drop(reply.send(shared.change(&id, "cancel", 0).await)) },
-                );
-            }
-            Request::Reschedule(id, due, reply) => {
-                tokio::spawn(async move {
-                    drop(reply.send(shared.change(&id, "reschedule", due).await))
-                });
-            }
-            Request::Redrive(id, reply) => {
-                tokio::spawn(
-                    async move { drop(reply.send(shared.change(&id, "redrive", 0).await)) },
-                );
-            }
-            Request::Len(reply) => {
-                tokio::spawn(async move { drop(reply.send(shared.len().await)) });
-            }
-            Request::DeadLetters(reply) => {
-                tokio::spawn(async move { drop(reply.send(shared.dead_letters().await)) });
-            }
-            Request::Ack(id, token, reply) => {
-                tokio::spawn(async move {
-                    drop(reply.send(shared.finish(&id, token, "ack", 0, "").await))
-                });
-            }
-            Request::Retry(id, token, attempt, after, reply) => {
-                let policy = &shared.settings.policy;
-                let last = after.is_none() && attempt >= policy.attempts();
-                let delay = after.unwrap_or_else(|| policy.jittered_delay(attempt));
-                let due = now_ms().saturating_add(delay.as_millis() as u64);
-                let reason = last_attempt_reason(attempt);
-                tokio::spawn(async move {
-                    let outcome = if last { "dead" } else { "retry" };
-                    drop(reply.send(shared.finish(&id, token, outcome, due, &reason).await))
-                });
-            }
-            Request::Fail(id, token, reason, reply) => {
-                tokio::spawn(async move {
-                    drop(reply.send(shared.finish(&id, token, "dead", 0, &reason).await))
-                });
-            }
+        }
+        self.close_streams().await;
+        for reply in self.closing.drain(..) {
+            let _ = reply.send(Ok(()));
         }
     }
 
-    /// Claims up to `wanted` due tasks for the consumers; returns when to look again.
-    async fn claim(&mut self, wanted: usize) -> Result<Option<u64>, Error> {
+    fn close_done(&self) -> bool {
+        self.close_deadline
+            .is_some_and(|deadline| Instant::now() >= deadline || self.held.is_empty())
+    }
+
+    /// The server's clock as this process estimates it.
+    fn server_now(&self) -> u64 {
+        now_ms().saturating_add_signed(self.offset_ms)
+    }
+
+    /// The instant on Tokio's clock when the server's clock reads `ms`.
+    fn instant_of(&self, ms: u64) -> Instant {
+        Instant::now() + Duration::from_millis(ms.saturating_sub(self.server_now()))
+    }
+
+    fn wanted(&self) -> usize {
+        self.consumers
+            .iter()
+            .filter(|c| c.wants())
+            .map(|c| c.credits.load(Ordering::Acquire))
+            .sum()
+    }
+
+    fn should_claim(&self) -> bool {
+        if self.retry_at.is_some_and(|at| at > Instant::now()) {
+            return false;
+        }
+        let now = self.server_now();
+        let closing = self.close_deadline.is_some();
+        let wanted = !closing && self.wanted() > 0;
+        self.refresh
+            || self.more
+            || self.retry_at.is_some()
+            || (wanted && (self.demand || self.next_due.is_some_and(|due| due <= now)))
+            || self.next_lease.is_some_and(|end| end <= now)
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        if self.more || self.refresh {
+            return Some(Instant::now());
+        }
+        if let Some(at) = self.retry_at {
+            return Some(at);
+        }
+        let wanted = self.close_deadline.is_none() && self.wanted() > 0;
+        let due = self.next_due.filter(|_| wanted);
+        let server = match (due, self.next_lease) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        [
+            server.map(|ms| self.instant_of(ms)),
+            self.renew_at,
+            self.close_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn woken(&mut self, wake: Wake) {
+        match wake {
+            Wake::Due(due) => {
+                self.next_due = Some(self.next_due.map_or(due, |known| known.min(due)));
+            }
+            Wake::Refresh | Wake::Claim => self.refresh = true,
+        }
+    }
+
+    /// Claims up to what the streams want, hands the tasks out, and learns when to look again.
+    async fn claim(&mut self) -> Result<(), Error> {
         let shared = self.shared.clone();
         let keys = &shared.keys;
         let settings = &shared.settings;
-        let wanted = wanted.min(CLAIM_BATCH);
-        let now = now_ms();
-        let reply: Vec<String> = shared
+        let wanted = if self.close_deadline.is_some() {
+            0
+        } else {
+            self.wanted().min(CLAIM_BATCH)
+        };
+        let previous = self.claim_key(self.claims);
+        self.claims += 1;
+        let record = self.claim_key(self.claims);
+        let sent = Instant::now();
+        let sent_wall = now_ms();
+        let reply: Vec<Vec<u8>> = shared
             .invoke(
                 &shared.scripts.claim,
                 &[
@@ -448,70 +796,237 @@ impl RedisEngine {
                     &keys.inflight,
                     &keys.dead,
                     &keys.token,
+                    &keys.payload,
+                    &record,
+                    &previous,
+                    &keys.idle,
                 ],
                 redis_args![
-                    now,
-                    settings.lease.as_millis() as u64,
+                    "tw-claim",
+                    settings.lease_ms(),
                     wanted,
-                    settings.policy.attempts()
+                    settings.policy.attempts(),
+                    &keys.channel,
+                    EXPIRE_BATCH,
+                    &self.own_channel
                 ],
             )
             .await?;
-        let (claimed, tail) = reply.split_at(reply.len().saturating_sub(2));
-        let next_due: Option<u64> = tail
-            .first()
-            .and_then(|s| s.parse::<f64>().ok())
-            .map(|f| f as u64);
-        let next_lease: Option<u64> = tail
-            .get(1)
-            .and_then(|s| s.parse::<f64>().ok())
-            .map(|f| f as u64);
-        if !claimed.is_empty() {
-            let ids: Vec<&str> = claimed.chunks(4).map(|c| c[0].as_str()).collect();
-            let payloads: Vec<Option<Vec<u8>>> = with_retries(|| {
-                let mut connection = shared.connection.clone();
-                let mut command = redis::cmd("HMGET");
-                command.arg(&keys.payload).arg(&ids);
-                async move { command.query_async(&mut connection).await }
-            })
-            .await
-            .or_else(|_| Ok::<_, Error>(vec![None; ids.len()]))?;
-            let Some(engine) = self.handle.upgrade() else {
-                return Ok(None);
-            };
-            let mut consumer = 0;
-            for (fields, payload) in claimed.chunks(4).zip(payloads) {
-                let delivery = Delivery {
-                    id: TaskId::from(fields[0].clone()),
-                    payload: payload.unwrap_or_default(),
-                    attempt: fields[2].parse().unwrap_or(1),
-                    due: system_time(fields[1].parse().unwrap_or(0)),
-                    token: fields[3].parse().unwrap_or(0),
-                    engine: engine.clone(),
-                };
-                // Hand it to the next consumer with credit; one that vanished meanwhile drops
-                // it, and its lease brings the task back.
-                while consumer < self.consumers.len()
-                    && self.consumers[consumer].credits.load(Ordering::Acquire) == 0
-                {
-                    consumer += 1;
-                }
-                if let Some(target) = self.consumers.get(consumer) {
-                    target.credits.fetch_sub(1, Ordering::AcqRel);
-                    let _ = target.sender.send(delivery);
-                }
+        let claim = parse_claim(reply)?;
+        // The server read its clock about half a round trip after we sent.
+        let midpoint = sent_wall.saturating_add(delay_ms_floor(sent.elapsed() / 2));
+        self.offset_ms = claim.server_now as i64 - midpoint as i64;
+        self.next_due = claim.next_due;
+        self.next_lease = claim.next_lease;
+        self.more = claim.more;
+        self.refresh = false;
+        self.demand = false;
+        let Some(engine) = self.handle.upgrade() else {
+            return Ok(());
+        };
+        let mut consumer = 0;
+        for (id, due, attempt, token, payload) in claim.tasks {
+            while consumer < self.consumers.len() && !self.consumers[consumer].wants() {
+                consumer += 1;
+            }
+            self.buffered.insert(token, (id.clone(), sent));
+            let delivery = Delivery::new(
+                TaskId::from(id),
+                payload,
+                attempt,
+                system_time(due),
+                token,
+                engine.clone(),
+                Route::Redis(self.shared.clone()),
+            );
+            // A stream that vanished meanwhile drops the delivery, and its drop returns it.
+            if let Some(target) = self.consumers.get(consumer) {
+                target.credits.fetch_sub(1, Ordering::AcqRel);
+                let _ = target.sender.send(delivery);
             }
         }
-        let still_wanted = self
-            .consumers
-            .iter()
-            .any(|c| c.credits.load(Ordering::Acquire) > 0);
-        let due = next_due.filter(|_| still_wanted);
-        Ok(match (due, next_lease) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
+        if !self.buffered.is_empty() && self.renew_at.is_none() {
+            self.renew_at = Some(Instant::now() + settings.renew_every());
+        }
+        Ok(())
     }
+
+    /// One renewal for every delivery handed out this turn: their leases run from now.
+    fn start_handed_out_leases(&mut self) {
+        if self.handouts.is_empty() {
+            return;
+        }
+        let handouts = std::mem::take(&mut self.handouts);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            if let Err(error) = shared.extend(&handouts, shared.settings.lease).await {
+                tracing::warn!(%error, "starting leases at hand-out failed");
+            }
+        });
+    }
+
+    fn claim_key(&self, call: u64) -> String {
+        self.shared.keys.claim_record(&self.claimer, call)
+    }
+
+    /// Every lease/3: renews the buffered claims (and, with keep-alive, the held deliveries).
+    fn renew_if_due(&mut self) {
+        let Some(at) = self.renew_at else { return };
+        if at > Instant::now() {
+            return;
+        }
+        let mut tokens: Vec<(String, u64)> = self
+            .buffered
+            .iter()
+            .map(|(&token, (id, _))| (id.clone(), token))
+            .collect();
+        if self.shared.settings.keep_alive {
+            tokens.extend(self.held.iter().map(|(&token, id)| (id.clone(), token)));
+        }
+        self.renew_at =
+            (!tokens.is_empty()).then(|| Instant::now() + self.shared.settings.renew_every());
+        let shared = self.shared.clone();
+        let lease = shared.settings.lease;
+        tokio::spawn(async move {
+            if let Err(error) = shared.extend(&tokens, lease).await {
+                tracing::warn!(%error, "renewing leases failed");
+            }
+        });
+    }
+
+    /// Ends the streams and returns what they buffered: when `close` is called (before it waits
+    /// for held deliveries), at shutdown, or when every handle is gone.
+    async fn close_streams(&mut self) {
+        for consumer in self.consumers.drain(..) {
+            consumer.close();
+        }
+        let buffered: Vec<(String, u64)> = self
+            .buffered
+            .drain()
+            .map(|(token, (id, _))| (id, token))
+            .collect();
+        if buffered.is_empty() {
+            return;
+        }
+        let release = self.shared.release(&buffered);
+        match tokio::time::timeout(Duration::from_secs(5), release).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "returning buffered claims failed"),
+            Err(_) => tracing::warn!("returning buffered claims timed out"),
+        }
+    }
+
+    fn handle_request(&mut self, request: Request) {
+        let shared = self.shared.clone();
+        match request {
+            Request::Subscribe(consumer) => {
+                if self.close_deadline.is_some() {
+                    consumer.close();
+                } else {
+                    self.consumers.push(consumer);
+                }
+            }
+            Request::Demand => self.demand = true,
+            Request::Close(reply) => {
+                self.closing.push(reply);
+                if self.close_deadline.is_none() {
+                    self.close_deadline = Some(Instant::now() + self.shared.settings.close_timeout);
+                    // This turn ends the streams and returns their buffers, before the close
+                    // waits for held deliveries.
+                    self.closing_streams = true;
+                }
+            }
+            Request::HandedOut(token) => {
+                let Some((id, claimed)) = self.buffered.remove(&token) else {
+                    return;
+                };
+                self.held.insert(token, id.clone());
+                let lease = shared.settings.lease;
+                if shared.settings.keep_alive && self.renew_at.is_none() {
+                    self.renew_at = Some(Instant::now() + shared.settings.renew_every());
+                }
+                // The claim set the lease to end a lease after it was sent; if the delivery
+                // waited in the buffer for more than a thousandth of a lease, restart it now
+                // (batched with the turn's other hand-outs).
+                if claimed.elapsed() > lease / 1000 {
+                    self.handouts.push((id, token));
+                }
+            }
+            Request::Dropped(token) => {
+                self.held.remove(&token);
+            }
+            Request::Release(token) => {
+                if let Some((id, _)) = self.buffered.remove(&token) {
+                    tokio::spawn(async move {
+                        if let Err(error) = shared.release(&[(id, token)]).await {
+                            tracing::warn!(%error, "returning a buffered claim failed");
+                        }
+                    });
+                }
+            }
+            Request::Finishing(token) => {
+                self.held.remove(&token);
+            }
+            // Handles and deliveries of a Redis queue call the server directly.
+            Request::Extend(..)
+            | Request::Schedule(..)
+            | Request::Cancel(..)
+            | Request::Reschedule(..)
+            | Request::Redrive(..)
+            | Request::Len(..)
+            | Request::DeadLetters(..)
+            | Request::Ack(..)
+            | Request::Retry(..)
+            | Request::Fail(..) => debug_assert!(false, "routed to the server directly"),
+        }
+    }
+}
+
+/// A name for one call, unique across processes: its retries carry it, so a store step
+/// that already ran for it is recognised.
+fn call_id() -> String {
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| TaskId::generate().0);
+    format!("{process}.{:x}", CALLS.fetch_add(1, Ordering::Relaxed))
+}
+
+fn delay_ms_floor(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn parse_claim(reply: Vec<Vec<u8>>) -> Result<Claim, Error> {
+    let bad = || Error::Io("unexpected reply from the claim script".into());
+    let number = |bytes: &[u8]| -> Option<u64> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        // Redis prints scores as doubles ("1.7e+12" for some): read them as such.
+        text.parse::<u64>()
+            .ok()
+            .or_else(|| text.parse::<f64>().ok().map(|f| f as u64))
+    };
+    let mut fields = reply.into_iter();
+    let mut next = || fields.next().ok_or_else(bad);
+    let server_now = number(&next()?).ok_or_else(bad)?;
+    let next_due = number(&next()?);
+    let next_lease = number(&next()?);
+    let more = number(&next()?) == Some(1);
+    let mut tasks = Vec::new();
+    while let Some(id) = fields.next() {
+        let mut field = || fields.next().ok_or_else(bad);
+        let due = number(&field()?).ok_or_else(bad)?;
+        let attempt = number(&field()?).ok_or_else(bad)? as u32;
+        let token = number(&field()?).ok_or_else(bad)?;
+        let payload = field()?;
+        let id = String::from_utf8(id).map_err(|_| bad())?;
+        tasks.push((id, due, attempt, token, payload));
+    }
+    Ok(Claim {
+        server_now,
+        next_due,
+        next_lease,
+        more,
+        tasks,
+    })
 }
 
 impl Shared {
@@ -536,15 +1051,37 @@ impl Shared {
         .await
     }
 
-    async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+    pub(crate) async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
         let id = task.id.clone().unwrap_or_else(TaskId::generate);
-        let due = task.due_ms();
+        // A delay goes to the server as a delay: its clock, not ours, resolves it.
+        let (mode, ms) = match task.due {
+            None => ("after", 0),
+            Some(Due::After(delay)) => ("after", super::delay_ms(delay)),
+            Some(Due::At(at)) => ("at", super::epoch_ms(at)),
+        };
         let keys = &self.keys;
+        let call = call_id();
         let answer: String = self
             .invoke(
                 &self.scripts.schedule,
-                &[&keys.payload, &keys.meta, &keys.due, &keys.dead, &keys.seq],
-                redis_args![id.as_str(), task.payload.as_slice(), due, &keys.channel],
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.seq,
+                    &keys.idle,
+                    &keys.mark(id.as_str()),
+                ],
+                redis_args![
+                    "tw-schedule",
+                    id.as_str(),
+                    task.payload.as_slice(),
+                    mode,
+                    ms,
+                    &keys.channel,
+                    &call
+                ],
             )
             .await?;
         match answer.as_str() {
@@ -553,27 +1090,39 @@ impl Shared {
         }
     }
 
-    async fn change(&self, id: &str, op: &str, due: u64) -> Result<bool, Error> {
+    pub(crate) async fn change(&self, id: &str, op: &str, due: u64) -> Result<bool, Error> {
         let keys = &self.keys;
         let changed: i64 = self
             .invoke(
                 &self.scripts.change,
-                &[&keys.payload, &keys.meta, &keys.due, &keys.dead],
-                redis_args![id, op, due, &keys.channel, now_ms()],
+                &[&keys.payload, &keys.meta, &keys.due, &keys.dead, &keys.idle],
+                redis_args!["tw-change", id, op, due, &keys.channel],
             )
             .await?;
         Ok(changed == 1)
     }
 
-    async fn finish(
+    /// Finishes the delivery `token` of task `id` (its `attempt`-th).
+    pub(crate) async fn finish(
         &self,
         id: &str,
         token: u64,
-        outcome: &str,
-        due: u64,
-        reason: &str,
+        attempt: u32,
+        outcome: Outcome,
     ) -> Result<(), Error> {
+        let (outcome, delay, reason) = match outcome {
+            Outcome::Ack => ("ack", 0, String::new()),
+            Outcome::Retry(after) => {
+                let delay = after.unwrap_or_else(|| self.settings.policy.jittered_delay(attempt));
+                ("retry", super::delay_ms(delay), String::new())
+            }
+            Outcome::Fail(reason) => ("dead", 0, reason),
+        };
         let keys = &self.keys;
+        let window = super::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW));
+        // Its retries (same arguments) are recognised, another finish of the same delivery
+        // is not.
+        let call = call_id();
         let done: i64 = self
             .invoke(
                 &self.scripts.finish,
@@ -583,9 +1132,21 @@ impl Shared {
                     &keys.inflight,
                     &keys.due,
                     &keys.dead,
-                    &keys.done,
+                    &keys.mark(id),
+                    &keys.idle,
                 ],
-                redis_args![id, token, now_ms(), outcome, due, reason, &keys.channel],
+                redis_args![
+                    "tw-finish",
+                    id,
+                    token,
+                    outcome,
+                    delay,
+                    reason,
+                    &keys.channel,
+                    self.settings.policy.attempts(),
+                    window,
+                    &call
+                ],
             )
             .await?;
         if done == 1 {
@@ -595,7 +1156,57 @@ impl Shared {
         }
     }
 
-    async fn len(&self) -> Result<usize, Error> {
+    /// Sets the leases of these deliveries to end `lease` from now (server time), in pages;
+    /// returns how many were still held.
+    pub(crate) async fn extend(
+        &self,
+        deliveries: &[(String, u64)],
+        lease: Duration,
+    ) -> Result<usize, Error> {
+        let mut held = 0;
+        for page in deliveries.chunks(PAGE) {
+            let mut args = redis_args!["tw-extend", super::delay_ms(lease)];
+            for (id, token) in page {
+                args.extend(redis::ToRedisArgs::to_redis_args(id));
+                args.extend(redis::ToRedisArgs::to_redis_args(token));
+            }
+            let flags: Vec<i64> = self
+                .invoke(
+                    &self.scripts.extend,
+                    &[&self.keys.meta, &self.keys.inflight],
+                    args,
+                )
+                .await?;
+            held += flags.iter().filter(|&&f| f == 1).count();
+        }
+        Ok(held)
+    }
+
+    /// Returns claims never handed out, in pages.
+    async fn release(&self, deliveries: &[(String, u64)]) -> Result<(), Error> {
+        for page in deliveries.chunks(PAGE) {
+            let mut args = redis_args!["tw-release", &self.keys.channel];
+            for (id, token) in page {
+                args.extend(redis::ToRedisArgs::to_redis_args(id));
+                args.extend(redis::ToRedisArgs::to_redis_args(token));
+            }
+            let _: i64 = self
+                .invoke(
+                    &self.scripts.release,
+                    &[
+                        &self.keys.meta,
+                        &self.keys.inflight,
+                        &self.keys.due,
+                        &self.keys.idle,
+                    ],
+                    args,
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn len(&self) -> Result<usize, Error> {
         let (due, inflight): (usize, usize) = with_retries(|| {
             let mut connection = self.connection.clone();
             let mut pipe = redis::pipe();
@@ -606,39 +1217,56 @@ impl Shared {
         Ok(due + inflight)
     }
 
-    async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
-        let ids: Vec<String> = with_retries(|| {
-            let mut connection = self.connection.clone();
-            let key = self.keys.dead.clone();
-            async move { connection.zrange(key, 0, -1).await }
-        })
-        .await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (metas, payloads): (Vec<Option<String>>, Vec<Option<Vec<u8>>>) = with_retries(|| {
-            let mut connection = self.connection.clone();
-            let mut pipe = redis::pipe();
-            pipe.cmd("HMGET").arg(&self.keys.meta).arg(&ids);
-            pipe.cmd("HMGET").arg(&self.keys.payload).arg(&ids);
-            async move { pipe.query_async(&mut connection).await }
-        })
-        .await?;
-        Ok(ids
-            .into_iter()
-            .zip(metas.into_iter().zip(payloads))
-            .filter_map(|(id, (meta, payload))| {
-                let meta = meta?;
-                let mut fields = meta.splitn(6, '|');
-                let attempts = fields.nth(3)?.parse().ok()?;
-                let reason = fields.nth(1).unwrap_or_default().to_owned();
-                Some(DeadLetter {
-                    id: TaskId::from(id),
-                    payload: payload.unwrap_or_default(),
-                    attempts,
-                    reason,
-                })
+    /// The dead letters, read a page of [`PAGE`] at a time so no command grows with the list.
+    pub(crate) async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
+        let mut letters = Vec::new();
+        let mut start = 0;
+        loop {
+            let ids: Vec<String> = with_retries(|| {
+                let mut connection = self.connection.clone();
+                let key = self.keys.dead.clone();
+                async move {
+                    connection
+                        .zrange(key, start as isize, (start + PAGE - 1) as isize)
+                        .await
+                }
             })
-            .collect())
+            .await?;
+            if ids.is_empty() {
+                break;
+            }
+            let (metas, payloads): (Vec<Option<String>>, Vec<Option<Vec<u8>>>) =
+                with_retries(|| {
+                    let mut connection = self.connection.clone();
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("HMGET").arg(&self.keys.meta).arg(&ids);
+                    pipe.cmd("HMGET").arg(&self.keys.payload).arg(&ids);
+                    async move { pipe.query_async(&mut connection).await }
+                })
+                .await?;
+            let page = ids.len();
+            letters.extend(
+                ids.into_iter()
+                    .zip(metas.into_iter().zip(payloads))
+                    .filter_map(|(id, (meta, payload))| {
+                        let meta = meta?;
+                        // state|due|seq|attempts|token|call|reason
+                        let mut fields = meta.splitn(7, '|');
+                        let attempts = fields.nth(3)?.parse().ok()?;
+                        let reason = fields.nth(2).unwrap_or_default().to_owned();
+                        Some(DeadLetter {
+                            id: TaskId::from(id),
+                            payload: payload?,
+                            attempts,
+                            reason,
+                        })
+                    }),
+            );
+            if page < PAGE {
+                break;
+            }
+            start += PAGE;
+        }
+        Ok(letters)
     }
 }

@@ -73,4 +73,5 @@ pub fn assert_send<T: Send>() {}
 pub fn assert_sync<T: Sync>() {}
 /// Asserts at compile time that a type is `Unpin`.
 pub fn assert_unpin<T: Unpin>() {}
+pub mod proxy;
 pub mod redis_server;

@@ -50,6 +50,10 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    pub fn addr(&self) -> std::net::SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
     fn launch(&mut self) {
         let child = Command::new("redis-server")
             .args([
