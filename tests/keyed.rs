@@ -210,3 +210,24 @@ fn keyed_handles_have_the_promised_traits() {
     support::assert_send::<Expirations<String, Vec<u8>>>();
     support::assert_unpin::<Expirations<String, Vec<u8>>>();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_key_postponed_past_another_expires_after_it_even_when_the_clock_jumps() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<&str, ()>();
+    timers.set("a", (), Duration::from_millis(5));
+    timers.set("b", (), Duration::from_millis(7));
+    // "a" is postponed lazily: it stays filed for 5 ms and is re-filed when that tick comes.
+    timers.reset(&"a", Duration::from_millis(9));
+    assert_eq!(timers.len().await, 2);
+    // The clock jumps past both before the actor runs again.
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let first = expired.next().await.unwrap();
+    let second = expired.next().await.unwrap();
+    assert_eq!(
+        (*first.key(), *second.key()),
+        ("b", "a"),
+        "deadline order across ticks"
+    );
+    assert!(first.deadline() < second.deadline());
+}

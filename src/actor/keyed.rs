@@ -319,9 +319,9 @@ where
     fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
         let mut due = Vec::new();
         let entries = &self.entries;
-        let shown = self.timeline.expire(now, budget, |id| {
+        let shown = self.timeline.expire(now, budget, |id, limit| {
             let deadline = due_at(entries.get(id).deadline);
-            if deadline <= now {
+            if deadline <= limit {
                 due.push(id);
                 Verdict::Done
             } else {

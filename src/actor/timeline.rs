@@ -128,13 +128,19 @@ impl Timeline {
 
     /// Shows `judge` the timers due by `now` (an offset), up to `budget` of them: first the
     /// parked ones, then those whose tick has come (or whose tick's window is open). `judge`
-    /// fires what is due and says what became of each. Returns how many it was shown; fewer
-    /// than `budget` means nothing due is left.
+    /// gets each id with a limit: it fires the timer if its exact deadline is at or before the
+    /// limit, and says what became of it. Returns how many it was shown; fewer than `budget`
+    /// means nothing due is left.
+    ///
+    /// The limit is `now`, but never past the end of the tick the timer was filed under: a
+    /// timer postponed (lazily) past its tick goes back into the wheel for its new tick rather
+    /// than firing at its old place, so even after the clock jumps far, timers fire in deadline
+    /// order across ticks.
     pub(crate) fn expire(
         &mut self,
         now: u64,
         budget: usize,
-        mut judge: impl FnMut(u32) -> Verdict,
+        mut judge: impl FnMut(u32, u64) -> Verdict,
     ) -> usize {
         let mut target = self.clock.tick_at(now);
         if now >= self.clock.window_start(target + 1) {
@@ -152,13 +158,14 @@ impl Timeline {
             }
             parked = self.cascade.next_parked(id);
             shown += 1;
-            match judge(id) {
+            let filed = self.cascade.tick(id).expect("a parked id is filed");
+            match judge(id, now.min(self.clock.tick_start(filed))) {
                 Verdict::Done => {
                     self.cascade.remove(id);
                 }
                 Verdict::Later(deadline) => {
                     let tick = self.clock.tick_of(deadline);
-                    if tick > target {
+                    if tick > filed {
                         self.cascade.reschedule(id, tick);
                         self.refiled += 1;
                     } else {
@@ -170,14 +177,16 @@ impl Timeline {
         self.parked_min = parked_min;
 
         while shown < budget {
-            let Some((id, _)) = self.cascade.poll_expired(target) else {
+            let Some((id, filed)) = self.cascade.poll_expired(target) else {
                 break;
             };
             shown += 1;
-            if let Verdict::Later(deadline) = judge(id) {
+            if let Verdict::Later(deadline) = judge(id, now.min(self.clock.tick_start(filed))) {
                 let tick = self.clock.tick_of(deadline);
                 self.cascade.insert(id, tick);
-                if tick > target {
+                if tick > filed {
+                    // Postponed: filed again for its own tick (handed out in order, in this
+                    // pass if that tick is due too).
                     self.refiled += 1;
                 } else {
                     // Due within the open window, but not yet by its exact deadline.
@@ -208,8 +217,8 @@ mod tests {
     /// Expires at `now` with exact deadlines from `deadlines[id]`, returning what fired.
     fn fire(timeline: &mut Timeline, now: u64, deadlines: &[u64]) -> Vec<u32> {
         let mut fired = Vec::new();
-        timeline.expire(now, usize::MAX, |id| {
-            if deadlines[id as usize] <= now {
+        timeline.expire(now, usize::MAX, |id, limit| {
+            if deadlines[id as usize] <= limit {
                 fired.push(id);
                 Verdict::Done
             } else {
@@ -249,6 +258,17 @@ mod tests {
         assert_eq!(timeline.next_wake(), Some(9 * MS + 1));
         deadlines[0] = 10 * MS;
         assert_eq!(fire(&mut timeline, 10 * MS, &deadlines), [0]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_postponed_past_others_fires_after_them_even_after_a_jump() {
+        let mut timeline = timeline();
+        // 0 was filed at 2 ms and postponed to 9 ms; 1 is due at 5 ms.
+        let deadlines = [9 * MS, 5 * MS];
+        timeline.file(0, 2 * MS);
+        timeline.file(1, deadlines[1]);
+        // The clock jumps past both.
+        assert_eq!(fire(&mut timeline, 20 * MS, &deadlines), [1, 0]);
     }
 
     #[tokio::test(start_paused = true)]

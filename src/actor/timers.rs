@@ -151,9 +151,9 @@ impl Machine for TimerMachine {
         } = self;
         let shared = ctx.shared;
         let delta = &mut *ctx.delta;
-        timeline.expire(now, budget, |id| {
+        timeline.expire(now, budget, |id, limit| {
             let slot = shared.pool.get(id);
-            match slot.word.on_due(now) {
+            match slot.word.on_due(limit) {
                 Due::Fire(deadline) => {
                     delta.record_fire(deadline, now);
                     match jobs.remove(&id) {
