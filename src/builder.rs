@@ -105,6 +105,12 @@ impl Builder {
     /// [`BuildError::NoRuntime`] outside a runtime when none was named,
     /// [`BuildError::NoTimeDriver`] for a runtime built without `enable_time`,
     /// [`BuildError::ZeroTick`], and [`BuildError::InvalidLayout`].
+    ///
+    /// Tokio offers no way to ask whether a runtime has a time driver, so the wheel finds out
+    /// by creating a tokio `Sleep` (which registers nothing): on a runtime without one, tokio
+    /// panics, and that panic is caught and turned into `NoTimeDriver`. The process's panic
+    /// hook still runs (printing tokio's message), and a program built with
+    /// `panic = "abort"` aborts there instead — as it would at the first timer anyway.
     pub fn try_build(self) -> Result<Wheel, BuildError> {
         let runtime = match self.runtime {
             Some(runtime) => runtime,

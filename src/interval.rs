@@ -33,7 +33,7 @@ const MISSED_TICK_GRACE: Duration = Duration::from_millis(5);
 
 /// The grace on a wheel with ticks of `tick`: tokio's, raised to the tick when that is longer,
 /// so rounding alone never counts as a missed tick.
-pub(crate) fn missed_tick_grace(tick: Duration) -> Duration {
+fn missed_tick_grace(tick: Duration) -> Duration {
     MISSED_TICK_GRACE.max(tick)
 }
 
@@ -101,7 +101,9 @@ impl Interval {
         self.poll_tick_woke(cx).map(|(scheduled, _)| scheduled)
     }
 
-    fn poll_tick_woke(&mut self, cx: &mut Context<'_>) -> Poll<(Instant, Woke)> {
+    /// Polls for the next tick: its scheduled instant, and whether it came because the wheel
+    /// stopped.
+    pub(crate) fn poll_tick_woke(&mut self, cx: &mut Context<'_>) -> Poll<(Instant, Woke)> {
         let woke = ready!(self.sleep.poll_woke(cx));
         let scheduled = self.sleep.deadline();
         let next = next_tick(
@@ -123,6 +125,11 @@ impl Interval {
     /// Moves the next tick to `deadline`; later ticks follow from it.
     pub fn reset_at(&mut self, deadline: Instant) {
         Pin::new(&mut self.sleep).reset(deadline);
+    }
+
+    /// When the next tick is scheduled.
+    pub(crate) fn next_deadline(&self) -> Instant {
+        self.sleep.deadline()
     }
 
     /// The period.

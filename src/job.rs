@@ -29,25 +29,25 @@ use futures::FutureExt;
 use futures::task::AtomicWaker;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
-use tokio::time::Instant;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::actor::inbox::Urgency;
 use crate::actor::timers::{Command, JobInsert};
 use crate::error::JobError;
 use crate::handle::Wheel;
-use crate::interval::missed_tick_grace;
 use crate::sleep::Woke;
 use crate::timer::Launch;
-use crate::timer::clock::{deadline_after, saturating_add};
+use crate::timer::clock::deadline_after;
 use crate::timer::shared::Shared;
 use crate::timer::state::Moved;
 
 /// How a periodic job ([`Wheel::spawn_every`](crate::Wheel::spawn_every)) keeps time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Schedule {
-    /// Runs at `start + k · period`, keeping the phase. Slots missed while a run overran are
-    /// skipped, not run in a burst; a run that ends on (or within 5 ms after) a slot does not
-    /// skip it — tokio's `Interval` with `MissedTickBehavior::Skip`.
+    /// Runs at `start + k · period`, keeping the phase: exactly the ticks of tokio's `Interval`
+    /// with `MissedTickBehavior::Skip`. A run that overruns its slot is followed at once by the
+    /// slot it missed (as a late tick), and further missed slots are skipped, not run in a
+    /// burst; a run that ends on a slot does not skip it.
     FixedRate,
     /// Waits `period` after each run completes.
     FixedDelay,
@@ -488,17 +488,25 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let shared = wheel.shared().clone();
-    let grace = missed_tick_grace(wheel.tick());
+    // Runs are an interval's ticks: `FixedRate` is tokio's `Interval` with `Skip` exactly;
+    // `FixedDelay` restarts the interval a period after each run ends.
+    let mut ticks = wheel.interval_at(*lock(&control.next), period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
     loop {
         if control.cancelled.load(Ordering::Acquire) {
             return JobError::Cancelled;
         }
-        let due = *lock(&control.next);
-        let mut sleep = wheel.sleep_until(due);
-        let woke = tokio::select! {
+        let (due, woke) = tokio::select! {
             biased;
-            () = control.wake.notified() => continue,
-            woke = poll_fn(|cx| sleep.poll_woke(cx)) => woke,
+            () = control.wake.notified() => {
+                // Cancelled (checked above) or rescheduled: move the next run.
+                let wanted = *lock(&control.next);
+                if wanted != ticks.next_deadline() {
+                    ticks.reset_at(wanted);
+                }
+                continue;
+            }
+            tick = poll_fn(|cx| ticks.poll_tick_woke(cx)) => tick,
         };
         if woke == Woke::Shutdown {
             return JobError::Shutdown;
@@ -518,46 +526,13 @@ where
         if let Err(panic) = finished {
             job_panicked(&shared, panic);
         }
-        let following = match schedule {
-            Schedule::FixedRate => next_slot(due, Instant::now(), period, grace),
-            Schedule::FixedDelay => deadline_after(period),
-        };
-        let mut next = lock(&control.next);
-        // Keep a reschedule made during the run.
-        if *next == due {
-            *next = following;
+        if schedule == Schedule::FixedDelay {
+            ticks.reset();
         }
-    }
-}
-
-/// The slot after a run due at `due` ended at `now`: the first `due + k·period` (k ≥ 1) not
-/// missed by more than `grace`. Slots further behind are skipped, so the phase is kept and a
-/// slow job never runs in a burst; a run that ends on a slot (or within the grace after it)
-/// does not skip it.
-fn next_slot(due: Instant, now: Instant, period: Duration, grace: Duration) -> Instant {
-    let behind = now.saturating_duration_since(saturating_add(due, grace));
-    let slots = behind.as_nanos().div_ceil(period.as_nanos()).max(1);
-    saturating_add(
-        due,
-        period.saturating_mul(u32::try_from(slots).unwrap_or(u32::MAX)),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn fixed_rate_skips_only_slots_it_missed() {
-        let ms = Duration::from_millis;
-        let due = Instant::now();
-        let period = ms(100);
-        let grace = ms(5);
-        assert_eq!(next_slot(due, due + ms(10), period, grace), due + ms(100));
-        assert_eq!(next_slot(due, due + ms(100), period, grace), due + ms(100));
-        assert_eq!(next_slot(due, due + ms(104), period, grace), due + ms(100));
-        assert_eq!(next_slot(due, due + ms(150), period, grace), due + ms(200));
-        assert_eq!(next_slot(due, due + ms(305), period, grace), due + ms(300));
-        assert_eq!(next_slot(due, due + ms(306), period, grace), due + ms(400));
+        let mut next = lock(&control.next);
+        // Keep a reschedule made during the run (its notification moves the interval).
+        if *next == due {
+            *next = ticks.next_deadline();
+        }
     }
 }

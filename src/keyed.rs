@@ -61,7 +61,7 @@ use tokio::time::Instant;
 
 use crate::actor::Actor;
 use crate::actor::inbox::{Inbox, Urgency};
-use crate::actor::keyed::{Expiry, KeyedCommand, KeyedMachine};
+use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine};
 use crate::handle::Wheel;
 use crate::timer::clock::deadline_after;
 use crate::timer::shared::Shared;
@@ -89,6 +89,7 @@ where
         },
         Expirations {
             receiver: expired,
+            flushed: None,
             shared,
         },
     )
@@ -200,8 +201,14 @@ where
     }
 
     /// Removes every key now and returns them with their values.
+    ///
+    /// The set's actor hands its whole table over at once; turning it into pairs happens on
+    /// the calling task, so draining millions of keys never stalls the actor.
     pub async fn drain(&self) -> Vec<(K, V)> {
-        self.ask(KeyedCommand::Drain).await.unwrap_or_default()
+        match self.ask(KeyedCommand::Drain).await {
+            Some(drained) => drained.map(|(key, value, _)| (key, value)).collect(),
+            None => Vec::new(),
+        }
     }
 
     /// How many keys are set.
@@ -268,7 +275,9 @@ impl<K, V> Expired<K, V> {
 /// flushed by it, marked [`Expired::is_shutdown`], are read). Dropping it is allowed: the
 /// timers keep working and their expirations are discarded.
 pub struct Expirations<K, V> {
-    receiver: mpsc::UnboundedReceiver<Expiry<K, V>>,
+    receiver: mpsc::UnboundedReceiver<Delivery<K, V>>,
+    /// The entries flushed by shutdown, being read.
+    flushed: Option<Drained<K, V>>,
     shared: Arc<Shared>,
 }
 
@@ -280,31 +289,63 @@ impl<K, V> fmt::Debug for Expirations<K, V> {
     }
 }
 
-impl<K, V> Stream for Expirations<K, V> {
-    type Item = Expired<K, V>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Expired<K, V>>> {
-        let polled = self.receiver.poll_recv(cx);
-        let Poll::Ready(Some(expiry)) = polled else {
-            return polled.map(|_| None);
-        };
+impl<K, V> Expirations<K, V> {
+    fn expired(&self, expiry: Expiry<K, V>) -> Expired<K, V> {
         self.shared
             .counters
             .expirations_backlog
             .fetch_sub(1, Ordering::Relaxed);
-        Poll::Ready(Some(Expired {
+        Expired {
             key: expiry.key,
             value: expiry.value,
             deadline: self.shared.clock.instant_at(expiry.deadline),
             shutdown: expiry.shutdown,
-        }))
+        }
+    }
+}
+
+impl<K, V> Stream for Expirations<K, V> {
+    type Item = Expired<K, V>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Expired<K, V>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(flushed) = &mut this.flushed {
+                match flushed.next() {
+                    Some((key, value, deadline)) => {
+                        let expiry = Expiry {
+                            key,
+                            value,
+                            deadline,
+                            shutdown: true,
+                        };
+                        return Poll::Ready(Some(this.expired(expiry)));
+                    }
+                    None => this.flushed = None,
+                }
+            }
+            match this.receiver.poll_recv(cx) {
+                Poll::Ready(Some(Delivery::Fired(expiry))) => {
+                    return Poll::Ready(Some(this.expired(expiry)));
+                }
+                Poll::Ready(Some(Delivery::Flushed(drained))) => this.flushed = Some(drained),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
 impl<K, V> Drop for Expirations<K, V> {
     fn drop(&mut self) {
         self.receiver.close();
-        let unread = std::iter::from_fn(|| self.receiver.try_recv().ok()).count();
+        let mut unread = self.flushed.as_ref().map_or(0, Drained::len);
+        while let Ok(delivery) = self.receiver.try_recv() {
+            unread += match delivery {
+                Delivery::Fired(_) => 1,
+                Delivery::Flushed(drained) => drained.len(),
+            };
+        }
         self.shared
             .counters
             .expirations_backlog

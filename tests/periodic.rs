@@ -46,12 +46,50 @@ async fn fixed_rate_runs_every_period_from_one_period_on() {
     assert_eq!(job.await, Err(JobError::Cancelled));
 }
 
+/// When a job taking `work` would start, run by tokio's own `Interval` with `Skip` from one
+/// period on: the reference `Schedule::FixedRate` follows.
+async fn tokio_skip_starts(work: Duration, until: Duration) -> Vec<u64> {
+    let start = Instant::now();
+    let mut interval = tokio::time::interval_at(start + PERIOD, PERIOD);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut starts = Vec::new();
+    loop {
+        interval.tick().await;
+        if start.elapsed() > until {
+            return starts;
+        }
+        starts.push(start.elapsed().as_millis() as u64);
+        tokio::time::sleep(work).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fixed_rate_runs_as_tokios_interval_with_skip() {
+    for work in [10, 100, 104, 105, 106, 111, 119, 150, 250] {
+        let work = Duration::from_millis(work);
+        let until = Duration::from_millis(1_050);
+        let wheel = Wheel::new();
+        let start = Instant::now();
+        let runs = Runs::default();
+        let job = wheel.spawn_every(
+            PERIOD,
+            Schedule::FixedRate,
+            recorder(start, work, runs.clone()),
+        );
+        tokio::time::sleep(until).await;
+        job.abort();
+        let reference = tokio_skip_starts(work, until).await;
+        assert_eq!(*runs.lock().unwrap(), reference, "runs of {work:?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn fixed_rate_skips_missed_slots_and_keeps_the_phase() {
     let wheel = Wheel::new();
     let start = Instant::now();
     let runs = Runs::default();
-    // Each run takes 250 ms: slots 200 and 300 are missed, the next run is at 400.
+    // Each run takes 250 ms: the slot missed while running runs late, at once (slot 200 at
+    // 350); the ones after it are skipped (300); the grid stays 100, 200, 400, 700, 900.
     let job = wheel.spawn_every(
         PERIOD,
         Schedule::FixedRate,
@@ -59,7 +97,7 @@ async fn fixed_rate_skips_missed_slots_and_keeps_the_phase() {
     );
     tokio::time::sleep(Duration::from_millis(1_050)).await;
     job.abort();
-    assert_eq!(*runs.lock().unwrap(), [100, 400, 700, 1_000]);
+    assert_eq!(*runs.lock().unwrap(), [100, 350, 600, 850]);
 }
 
 #[tokio::test(start_paused = true)]

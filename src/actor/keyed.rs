@@ -37,8 +37,16 @@ pub(crate) enum KeyedCommand<K, V> {
     Reset { key: K, deadline: i64 },
     Remove(K),
     Take(K, oneshot::Sender<Option<V>>),
-    Drain(oneshot::Sender<Vec<(K, V)>>),
+    Drain(oneshot::Sender<Drained<K, V>>),
     Len(oneshot::Sender<usize>),
+}
+
+/// What a set's actor sends its `Expirations` stream.
+pub(crate) enum Delivery<K, V> {
+    /// One entry that fired.
+    Fired(Expiry<K, V>),
+    /// Every entry still set when the wheel stopped, handed over at once.
+    Flushed(Drained<K, V>),
 }
 
 /// An entry that fired or was flushed by shutdown, as the actor sends it.
@@ -56,6 +64,58 @@ struct Entry<K, V> {
     value: V,
     /// Signed offset from the wheel's origin.
     deadline: i64,
+}
+
+/// Every entry of a set, taken out at once (a drain, or the shutdown flush). The actor hands
+/// its whole entry table over in O(1) and the receiver walks it — so a drain of millions of
+/// keys never stalls the actor or its runtime. Yields `(key, value, deadline offset)`.
+pub(crate) struct Drained<K, V> {
+    chunks: std::vec::IntoIter<Chunk<K, V>>,
+    current: std::vec::IntoIter<Option<Entry<K, V>>>,
+    left: usize,
+}
+
+// Never pinned through: a plain iterator over owned storage (so `Expirations` stays `Unpin`
+// whatever the key and value types).
+impl<K, V> Unpin for Drained<K, V> {}
+
+impl<K, V> Drained<K, V> {
+    fn new(entries: Entries<K, V>) -> Self {
+        Drained {
+            left: entries.len,
+            chunks: entries.chunks.into_iter(),
+            current: Vec::new().into_iter(),
+        }
+    }
+
+    /// Entries not yet walked.
+    pub(crate) fn len(&self) -> usize {
+        self.left
+    }
+}
+
+impl<K, V> Iterator for Drained<K, V> {
+    type Item = (K, V, i64);
+
+    fn next(&mut self) -> Option<(K, V, i64)> {
+        loop {
+            if let Some(slot) = self.current.next() {
+                if let Some(entry) = slot {
+                    self.left -= 1;
+                    return Some((entry.key, entry.value, entry.deadline));
+                }
+                continue;
+            }
+            if self.left == 0 {
+                return None;
+            }
+            self.current = self.chunks.next()?.into_vec().into_iter();
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
 }
 
 /// When a signed deadline is due: deadlines before the origin are due at once.
@@ -177,7 +237,7 @@ pub(crate) struct KeyedMachine<K, V> {
     /// Ids by key. Only the live entry of a key is indexed.
     index: Index,
     hasher: foldhash::fast::RandomState,
-    expirations: mpsc::UnboundedSender<Expiry<K, V>>,
+    expirations: mpsc::UnboundedSender<Delivery<K, V>>,
 }
 
 impl<K, V> KeyedMachine<K, V>
@@ -188,7 +248,7 @@ where
     pub(crate) fn new(
         levels: &[u32],
         clock: Clock,
-        expirations: mpsc::UnboundedSender<Expiry<K, V>>,
+        expirations: mpsc::UnboundedSender<Delivery<K, V>>,
     ) -> Self {
         KeyedMachine {
             timeline: Timeline::new(levels, clock),
@@ -237,7 +297,7 @@ where
         Some(self.forget(id).value)
     }
 
-    fn deliver(&self, entry: Entry<K, V>, shutdown: bool, shared: &Shared) {
+    fn deliver(&self, entry: Entry<K, V>, shared: &Shared) {
         let Entry {
             key,
             value,
@@ -247,14 +307,21 @@ where
             key,
             value,
             deadline,
-            shutdown,
+            shutdown: false,
         };
-        if self.expirations.send(expiry).is_ok() {
+        if self.expirations.send(Delivery::Fired(expiry)).is_ok() {
             shared
                 .counters
                 .expirations_backlog
                 .fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Takes every entry out at once: the index and the wheel start afresh.
+    fn take_everything(&mut self) -> Drained<K, V> {
+        self.index = Index::new();
+        self.timeline.forget_all();
+        Drained::new(std::mem::replace(&mut self.entries, Entries::new()))
     }
 }
 
@@ -299,15 +366,8 @@ where
                 let _ = reply.send(self.remove(&key, ctx));
             }
             KeyedCommand::Drain(reply) => {
-                let ids: Vec<u32> = self.timeline.drain().collect();
-                ctx.delta.cancelled += ids.len() as u64;
-                let drained = ids
-                    .into_iter()
-                    .map(|id| {
-                        let entry = self.forget(id);
-                        (entry.key, entry.value)
-                    })
-                    .collect();
+                let drained = self.take_everything();
+                ctx.delta.cancelled += drained.len() as u64;
                 let _ = reply.send(drained);
             }
             KeyedCommand::Len(reply) => {
@@ -331,7 +391,7 @@ where
         for id in due {
             let entry = self.forget(id);
             ctx.delta.record_fire(due_at(entry.deadline), now);
-            self.deliver(entry, false, ctx.shared);
+            self.deliver(entry, ctx.shared);
         }
         shown
     }
@@ -348,13 +408,24 @@ where
         self.timeline.moves()
     }
 
-    fn shut_down(&mut self, ctx: &mut Ctx<'_>) {
-        let ids: Vec<u32> = self.timeline.drain().collect();
-        ctx.delta.cancelled += ids.len() as u64;
-        for id in ids {
-            let entry = self.forget(id);
-            self.deliver(entry, true, ctx.shared);
+    fn shut_down_some(&mut self, _budget: usize, ctx: &mut Ctx<'_>) -> usize {
+        let drained = self.take_everything();
+        let flushed = drained.len() as u64;
+        ctx.delta.cancelled += flushed;
+        if flushed > 0 && self.expirations.send(Delivery::Flushed(drained)).is_ok() {
+            ctx.shared
+                .counters
+                .expirations_backlog
+                .fetch_add(flushed, Ordering::Relaxed);
         }
+        // Handed over whole, in O(1): nothing is left to resolve.
+        0
+    }
+
+    fn abandoned(&self) -> bool {
+        // No stream reads expirations and (checked by the caller) no handle can set, take or
+        // remove anything: nobody can ever see these entries again.
+        self.expirations.is_closed()
     }
 
     fn holds_memory(&self, _shared: &Shared) -> bool {

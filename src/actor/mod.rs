@@ -88,8 +88,15 @@ pub(crate) trait Machine: Send + 'static {
     /// The wheel's moves so far.
     fn moves(&self) -> Moves;
 
-    /// Resolves everything filed as shut down.
-    fn shut_down(&mut self, ctx: &mut Ctx<'_>);
+    /// Resolves up to `budget` filed timers as shut down; returns how many it resolved (fewer
+    /// than `budget`: none is left).
+    fn shut_down_some(&mut self, budget: usize, ctx: &mut Ctx<'_>) -> usize;
+
+    /// Whether nothing the machine holds can be observed any more (no stream reads it), so a
+    /// machine no handle can reach may stop before its timers are due.
+    fn abandoned(&self) -> bool {
+        false
+    }
 
     /// Pool slots released since the last take, per inbox shard, to give back to the shards.
     fn freed(&mut self) -> &mut [Vec<u32>] {
@@ -175,7 +182,7 @@ impl<M: Machine> Actor<M> {
             self.delta.wakeups += 1;
             let worked = self.turn().await;
             self.publish();
-            if self.inbox.senders_gone() && self.machine.len() == 0 {
+            if self.inbox.senders_gone() && (self.machine.len() == 0 || self.machine.abandoned()) {
                 // Senders close after their last send: one more look makes sure it is applied.
                 if self.take() == 0 {
                     tracing::debug!("no handle left and nothing pending: actor exits");
@@ -215,7 +222,35 @@ impl<M: Machine> Actor<M> {
                 () = &mut timer, if armed.is_some() => armed = None,
             }
         };
+        if exit == Exit::Shutdown {
+            self.wind_down().await;
+        }
         self.stop(exit);
+    }
+
+    /// The asynchronous part of stopping on `shutdown()`: refuse further commands, apply the
+    /// queued ones and resolve what is filed in batches, yielding between them, so a stop with
+    /// millions of timers pending does not stall the runtime. (A drop by a dying runtime takes
+    /// the synchronous path in `stop` instead.)
+    async fn wind_down(&mut self) {
+        if self.shared.close() {
+            tracing::debug!("the wheel stops");
+        }
+        self.shared.request_shutdown();
+        let queued = self.batch.len();
+        self.inbox.stop(&mut self.batch);
+        self.delta.commands += (self.batch.len() - queued) as u64;
+        self.apply_batch().await;
+        loop {
+            let mut ctx = Ctx {
+                shared: &self.shared,
+                delta: &mut self.delta,
+            };
+            if self.machine.shut_down_some(FIRE_BATCH, &mut ctx) < FIRE_BATCH {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Takes every queued command into the batch; returns how many.
@@ -367,7 +402,7 @@ impl<M: Machine> Actor<M> {
             shared: &self.shared,
             delta: &mut self.delta,
         };
-        self.machine.shut_down(&mut ctx);
+        while self.machine.shut_down_some(usize::MAX, &mut ctx) > 0 {}
         self.publish();
     }
 }

@@ -31,6 +31,7 @@ pub(crate) struct Moves {
 pub(crate) struct Timeline {
     cascade: Cascade,
     clock: Clock,
+    levels: Box<[u32]>,
     /// Timers filed again because their deadline had moved later than their tick.
     refiled: u64,
     /// The earliest exact deadline among the parked timers (a lower bound: a parked timer
@@ -43,6 +44,7 @@ impl Timeline {
         Timeline {
             cascade: Cascade::new(levels),
             clock,
+            levels: levels.into(),
             refiled: 0,
             parked_min: NEVER,
         }
@@ -97,6 +99,15 @@ impl Timeline {
     /// Takes `id` out; `false` if it was not filed.
     pub(crate) fn unfile(&mut self, id: u32) -> bool {
         self.cascade.remove(id)
+    }
+
+    /// Forgets every timer at once, in O(1): a fresh, empty cascade at the same tick, the old
+    /// one given back whole. For an owner that hands all its timers away together.
+    pub(crate) fn forget_all(&mut self) {
+        let now = self.cascade.now();
+        self.cascade = Cascade::new(&self.levels);
+        self.cascade.advance_to(now);
+        self.parked_min = NEVER;
     }
 
     /// Unfiles every timer, handing out their ids.

@@ -61,6 +61,8 @@ pub(crate) struct TimerMachine {
     /// Slots to give back, per inbox shard.
     freed: Vec<Vec<u32>>,
     flushes: Vec<oneshot::Sender<()>>,
+    /// Timers still to resolve while the wheel stops.
+    stopping: Vec<u32>,
 }
 
 impl TimerMachine {
@@ -70,6 +72,7 @@ impl TimerMachine {
             jobs: HashMap::new(),
             freed: vec![Vec::new(); shards],
             flushes: Vec::new(),
+            stopping: Vec::new(),
         }
     }
 }
@@ -199,9 +202,14 @@ impl Machine for TimerMachine {
         self.timeline.moves()
     }
 
-    fn shut_down(&mut self, ctx: &mut Ctx<'_>) {
+    fn shut_down_some(&mut self, budget: usize, ctx: &mut Ctx<'_>) -> usize {
+        if self.stopping.is_empty() {
+            self.stopping = self.timeline.drain().collect();
+        }
         let pool = &ctx.shared.pool;
-        for id in self.timeline.drain() {
+        let start = self.stopping.len().saturating_sub(budget);
+        let batch: Vec<u32> = self.stopping.drain(start..).collect();
+        for &id in &batch {
             let slot = pool.get(id);
             let job = self.jobs.remove(&id);
             if slot.word.shut_down() {
@@ -216,7 +224,10 @@ impl Machine for TimerMachine {
                 ctx.delta.cancelled += 1;
             }
         }
-        self.jobs.clear();
+        if self.stopping.is_empty() {
+            self.jobs.clear();
+        }
+        batch.len()
     }
 
     fn freed(&mut self) -> &mut [Vec<u32>] {

@@ -6,6 +6,8 @@
 //! slab). That keeps the hot structure small and lets the owner pick ids that are already
 //! meaningful to it, so no second index maps ids to positions.
 
+use std::collections::BTreeMap;
+
 use super::bitmap::Bitmap;
 
 /// No id: the end of a list.
@@ -83,12 +85,12 @@ pub(crate) struct Cascade {
     /// Bit `i` is set while level `i` has a node.
     occupied_levels: u32,
     ready: Links,
-    overflow: Links,
+    /// Ticks beyond the top level, one list per top-level block (`tick / span`), so each
+    /// re-enters the levels once, when its block begins: however small the layout and however
+    /// far the deadlines, an id moves out of overflow once.
+    overflow: BTreeMap<u64, Links>,
     /// Nodes the owner took out as due but set aside (see [`park`](Self::park)).
     parked: Links,
-    /// A lower bound of the overflow ticks (exact after each re-entry), so re-entry jumps
-    /// straight to the block of the earliest one instead of visiting every top-level wrap.
-    overflow_min: u64,
     /// The tick the cascade has been advanced to.
     now: u64,
     /// Nodes filed (on any list).
@@ -122,9 +124,8 @@ impl Cascade {
             levels,
             occupied_levels: 0,
             ready: Links::EMPTY,
-            overflow: Links::EMPTY,
+            overflow: BTreeMap::new(),
             parked: Links::EMPTY,
-            overflow_min: u64::MAX,
             now: 0,
             len: 0,
             cascades: 0,
@@ -140,6 +141,13 @@ impl Cascade {
 
     pub(crate) fn now(&self) -> u64 {
         self.now
+    }
+
+    /// Moves an empty cascade's tick forward to `now` (for a fresh cascade replacing one that
+    /// had advanced).
+    pub(crate) fn advance_to(&mut self, now: u64) {
+        debug_assert_eq!(self.len, 0);
+        self.set_now(self.now.max(now));
     }
 
     /// Ids filed, parked ones included.
@@ -282,9 +290,8 @@ impl Cascade {
         }
         self.occupied_levels = 0;
         self.ready = Links::EMPTY;
-        self.overflow = Links::EMPTY;
+        self.overflow.clear();
         self.parked = Links::EMPTY;
-        self.overflow_min = u64::MAX;
         self.len = 0;
         self.nodes
             .iter_mut()
@@ -332,11 +339,9 @@ impl Cascade {
             let list = SLOTS + level as u32 * SLOT_STRIDE + slot as u32;
             return Some((block_start + slot as u64 * unit, list));
         }
-        if self.overflow.head != NIL {
-            let span = self.span();
-            // Overflow ticks lie in later top-level blocks, and the tick never passes the
-            // block of `overflow_min` without re-entering the overflow list: this is ahead.
-            let block_start = self.overflow_min - self.overflow_min % span;
+        if let Some(&block) = self.overflow.keys().next() {
+            // Overflow blocks lie beyond the current top-level block: this is ahead.
+            let block_start = block * self.span();
             debug_assert!(block_start > self.now);
             return Some((block_start, OVERFLOW));
         }
@@ -346,12 +351,17 @@ impl Cascade {
     /// Re-files every id of `list` relative to the current tick: each moves at least one
     /// level down, or to the ready list.
     fn cascade(&mut self, list: u32) {
-        let links = std::mem::replace(self.links_mut(list), Links::EMPTY);
+        let links = if list == OVERFLOW {
+            // The earliest block only: the tick has just reached its start.
+            self.overflow
+                .pop_first()
+                .map_or(Links::EMPTY, |(_, links)| links)
+        } else {
+            std::mem::replace(self.links_mut(list, 0), Links::EMPTY)
+        };
         if list >= SLOTS {
             let (level, slot) = split_slot(list);
             self.mark_empty(level, slot);
-        } else if list == OVERFLOW {
-            self.overflow_min = u64::MAX;
         }
         // Moving down from a level above the lowest, or out of overflow, is a cascade.
         let counts = list == OVERFLOW || (list >= SLOTS && split_slot(list).0 != 0);
@@ -394,10 +404,14 @@ impl Cascade {
         OVERFLOW
     }
 
-    fn links_mut(&mut self, list: u32) -> &mut Links {
+    /// The ends of `list`; for the overflow, of the block of `tick` (created if missing).
+    fn links_mut(&mut self, list: u32, tick: u64) -> &mut Links {
         match list {
             READY => &mut self.ready,
-            OVERFLOW => &mut self.overflow,
+            OVERFLOW => {
+                let block = tick / self.span();
+                self.overflow.entry(block).or_insert(Links::EMPTY)
+            }
             PARKED => &mut self.parked,
             _ => {
                 let (level, slot) = split_slot(list);
@@ -414,7 +428,8 @@ impl Cascade {
 
     /// Appends `id` to the tail of `list`.
     fn append(&mut self, id: u32, list: u32) {
-        let links = self.links_mut(list);
+        let tick = self.nodes[id as usize].tick();
+        let links = self.links_mut(list, tick);
         let prev = links.tail;
         links.tail = id;
         if prev == NIL {
@@ -426,43 +441,39 @@ impl Cascade {
         node.prev = prev;
         node.next = NIL;
         node.list = list;
-        let tick = node.tick();
-        if list >= SLOTS {
-            if prev == NIL {
-                let (level, slot) = split_slot(list);
-                self.levels[level].occupied.set(slot);
-                self.occupied_levels |= 1 << level;
-            }
-        } else if list == OVERFLOW {
-            self.overflow_min = if prev == NIL {
-                tick
-            } else {
-                self.overflow_min.min(tick)
-            };
+        if list >= SLOTS && prev == NIL {
+            let (level, slot) = split_slot(list);
+            self.levels[level].occupied.set(slot);
+            self.occupied_levels |= 1 << level;
         }
     }
 
     /// Takes `id` off its list (its `list` field is left for the caller to set).
     fn unlink(&mut self, id: u32) {
+        let node = self.nodes[id as usize];
         let Node {
             prev, next, list, ..
-        } = self.nodes[id as usize];
+        } = node;
         if prev != NIL {
             self.nodes[prev as usize].next = next;
         }
         if next != NIL {
             self.nodes[next as usize].prev = prev;
         }
-        let links = self.links_mut(list);
+        let links = self.links_mut(list, node.tick());
         if links.head == id {
             links.head = next;
         }
         if links.tail == id {
             links.tail = prev;
         }
-        if links.head == NIL && list >= SLOTS {
-            let (level, slot) = split_slot(list);
-            self.mark_empty(level, slot);
+        if links.head == NIL {
+            if list >= SLOTS {
+                let (level, slot) = split_slot(list);
+                self.mark_empty(level, slot);
+            } else if list == OVERFLOW {
+                self.overflow.remove(&(node.tick() / self.span()));
+            }
         }
     }
 

@@ -98,10 +98,29 @@ fn overflow_skips_empty_wraps_after_the_earliest_entry_is_removed() {
     let first = wheel.insert(1_000, 1_000);
     wheel.insert(1_000_000, 1_000_000);
     assert_eq!(wheel.remove(first), Some(1_000));
-    // The stale lower bound costs one re-entry at its block, after which the bound is exact.
-    assert_eq!(wheel.next_expiration(), Some(960));
+    // Overflow is kept per top-level block: the next work is the remaining entry's block.
+    assert_eq!(wheel.next_expiration(), Some(999_960));
     assert!(fire(&mut wheel, 999_999).is_empty());
     assert_eq!(fire(&mut wheel, 1_000_000), vec![(1_000_000, 1_000_000)]);
+}
+
+#[test]
+fn a_tiny_layout_moves_each_far_entry_out_of_overflow_once() {
+    // Two levels of two slots span four ticks: almost everything waits in overflow.
+    let mut wheel = TimerWheel::new(&[2, 2]).unwrap();
+    let n = 100_000u64;
+    for i in 0..n {
+        wheel.insert((i * 7_919) % 1_000_000 + 5, i);
+    }
+    let fired = fire(&mut wheel, 2_000_000);
+    assert_eq!(fired.len() as u64, n);
+    assert!(fired.windows(2).all(|w| w[0].0 <= w[1].0), "deadline order");
+    // Out of overflow once, then at most once per level.
+    assert!(
+        wheel.cascades() <= 3 * n,
+        "{} cascades for {n} entries",
+        wheel.cascades()
+    );
 }
 
 #[test]
