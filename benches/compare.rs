@@ -97,7 +97,7 @@ fn schedule_cancel(c: &mut Criterion) {
     });
     group.finish();
     shutdown(&runtime, ours);
-    drop(kestrel_timer);
+    on_worker(&runtime, kestrel_shutdown(kestrel_timer));
     thread_timer.shutdown().expect("timer thread");
 }
 
@@ -220,7 +220,7 @@ fn postpone(c: &mut Criterion) {
     }
     drop(set);
     shutdown(&runtime, ours);
-    drop(kestrel_timer);
+    on_worker(&runtime, kestrel_shutdown(kestrel_timer));
 }
 
 fn keyed_schedule_cancel(c: &mut Criterion) {
@@ -350,7 +350,7 @@ fn many_producers(c: &mut Criterion) {
         group.finish();
     }
     shutdown(&runtime, ours);
-    drop(kestrel_timer);
+    on_worker(&runtime, kestrel_shutdown(kestrel_timer));
     thread_timer.shutdown().expect("timer thread");
 }
 

@@ -274,8 +274,25 @@ fn main() {
     let runtime = runtime();
     let handle = runtime.handle().clone();
     let new_wheel = move || Wheel::builder().runtime(handle.clone()).build();
+    // Ends a memory measurement's wheel, in which no timer may have fired.
     let shutdown = |runtime: &tokio::runtime::Runtime, wheel: Wheel| {
-        on_worker(runtime, async move { wheel.shutdown().await });
+        on_worker(runtime, async move {
+            let fired = wheel.stats().fired;
+            assert_eq!(
+                fired, 0,
+                "harness bug: timers fired while memory was counted"
+            );
+            wheel.shutdown().await
+        });
+    };
+    // Ends a group's long-lived wheel, which every repetition must have left empty.
+    let retire = |runtime: &tokio::runtime::Runtime, wheel: Wheel| {
+        on_worker(runtime, async move {
+            wheel.flush().await;
+            let pending = wheel.stats().pending;
+            assert_eq!(pending, 0, "harness bug: a repetition left timers pending");
+            wheel.shutdown().await
+        });
     };
 
     let runs = reps + 1;
@@ -345,7 +362,10 @@ fn main() {
         "Fire: timers seen complete before their deadline",
         "count of n, and the earliest one's µs before its deadline",
     );
-    let mut memory = Table::new("Memory per pending timer", "heap bytes");
+    let mut memory = Table::new(
+        "Memory per pending timer (deadlines in [1 h, 2 h))",
+        "heap bytes",
+    );
     let mut producers = Table::new(
         "Many producers: register + cancel pairs from P tasks at once",
         "ns per pair",
@@ -378,7 +398,7 @@ fn main() {
         progress.step("idle kestrel-timer");
         let timer = kestrel(&runtime);
         record(KESTREL, on_worker(&runtime, idle_kestrel(timer.clone(), n)));
-        drop(timer);
+        on_worker(&runtime, kestrel_shutdown(timer));
         progress.step("idle hierarchical_hash_wheel_timer");
         let timer = hash_wheel();
         record(
@@ -389,7 +409,7 @@ fn main() {
         progress.step("idle tokio-wheel");
         let wheel = new_wheel();
         record(OURS, on_worker(&runtime, idle_wheel(wheel.clone(), n)));
-        shutdown(&runtime, wheel);
+        retire(&runtime, wheel);
     }
 
     if wanted("schedule") {
@@ -442,8 +462,8 @@ fn main() {
                 }
             }
         }
-        shutdown(&runtime, wheel);
-        drop(kestrel_timer);
+        retire(&runtime, wheel);
+        on_worker(&runtime, kestrel_shutdown(kestrel_timer));
         thread_timer.shutdown().expect("timer thread");
     }
 
@@ -466,7 +486,7 @@ fn main() {
                 }
             }
         }
-        shutdown(&runtime, wheel);
+        retire(&runtime, wheel);
     }
 
     if wanted("timeouts") {
@@ -488,7 +508,7 @@ fn main() {
                 }
             }
         }
-        shutdown(&runtime, wheel);
+        retire(&runtime, wheel);
     }
 
     if wanted("postpone") {
@@ -533,8 +553,8 @@ fn main() {
             }
         }
         drop(set);
-        shutdown(&runtime, wheel);
-        drop(kestrel_timer);
+        retire(&runtime, wheel);
+        on_worker(&runtime, kestrel_shutdown(kestrel_timer));
     }
 
     if wanted("keyed") {
@@ -579,7 +599,7 @@ fn main() {
             }
         }
         drop(set);
-        shutdown(&runtime, wheel);
+        retire(&runtime, wheel);
     }
 
     if wanted("churn") {
@@ -614,7 +634,7 @@ fn main() {
             }
         }
         drop(set);
-        shutdown(&runtime, wheel);
+        retire(&runtime, wheel);
     }
 
     if wanted("producers") {
@@ -651,8 +671,8 @@ fn main() {
                 }
             }
         }
-        shutdown(&runtime, wheel);
-        drop(kestrel_timer);
+        retire(&runtime, wheel);
+        on_worker(&runtime, kestrel_shutdown(kestrel_timer));
         thread_timer.shutdown().expect("timer thread");
     }
 
@@ -689,7 +709,7 @@ fn main() {
             progress.step(&format!("fire n={n} kestrel-timer"));
             let timer = kestrel(&runtime);
             record(KESTREL, on_worker(&runtime, fire_kestrel(timer.clone(), n)));
-            drop(timer);
+            on_worker(&runtime, kestrel_shutdown(timer));
             progress.step(&format!("fire n={n} hierarchical_hash_wheel_timer"));
             let timer = hash_wheel();
             record(
@@ -709,7 +729,7 @@ fn main() {
             record("tokio-wheel keyed", report);
         }
         drop(set);
-        shutdown(&runtime, wheel);
+        retire(&runtime, wheel);
     }
 
     if wanted("memory") {
@@ -732,7 +752,9 @@ fn main() {
                 &runtime,
                 bytes_per_timer(n, move |n| hold_kestrel(timer, n)),
             );
-            drop(held); // the tick task stops with the last reference
+            let (timer, handles) = held;
+            drop(handles);
+            on_worker(&runtime, kestrel_shutdown(timer));
             memory.add(&label, KESTREL, b);
             progress.step(&format!("memory n={n} hierarchical_hash_wheel_timer"));
             let timer = hash_wheel();

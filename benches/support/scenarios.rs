@@ -113,6 +113,16 @@ pub fn kestrel(runtime: &tokio::runtime::Runtime) -> Kestrel {
     Arc::new(kestrel_timer::TimerWheel::with_defaults())
 }
 
+/// Stops a `kestrel-timer` wheel and waits until its tick task is gone. Dropping the last
+/// `TimerWheel` only aborts the task, which the runtime drops (with the wheel it holds) some
+/// time later, in the middle of whatever is measured next.
+pub async fn kestrel_shutdown(timer: Kestrel) {
+    match Arc::try_unwrap(timer) {
+        Ok(timer) => timer.shutdown().await,
+        Err(_) => panic!("kestrel-timer wheel still shared"),
+    }
+}
+
 /// Registers a one-shot `kestrel-timer` timer with no callback (completion is notified on its
 /// receiver). Returns its id (for `postpone`) and handle.
 fn kestrel_register(
@@ -929,9 +939,17 @@ where
     ((after - before) as f64 / n as f64, held)
 }
 
+/// The delays of the memory scenario, spread over [1 h, 2 h) at millisecond resolution: no
+/// timer may fire while the count is taken, and registering 10^7 takes seconds.
+fn memory_delays(n: usize) -> Vec<Duration> {
+    let mut rng = Rng(7);
+    (0..n)
+        .map(|_| Duration::from_secs(3_600) + Duration::from_millis(rng.next() % 3_600_000))
+        .collect()
+}
+
 pub async fn hold_tokio_sleeps(n: usize) -> Vec<Pin<Box<tokio::time::Sleep>>> {
-    Rng(7)
-        .delays(n)
+    memory_delays(n)
         .into_iter()
         .map(|delay| {
             let mut sleep = Box::pin(tokio::time::sleep(delay));
@@ -942,8 +960,7 @@ pub async fn hold_tokio_sleeps(n: usize) -> Vec<Pin<Box<tokio::time::Sleep>>> {
 }
 
 pub async fn hold_wheel_sleeps(wheel: Wheel, n: usize) -> Vec<tokio_wheel::Sleep> {
-    let sleeps = Rng(7)
-        .delays(n)
+    let sleeps = memory_delays(n)
         .into_iter()
         .map(|delay| {
             let mut sleep = wheel.sleep(delay);
@@ -956,8 +973,7 @@ pub async fn hold_wheel_sleeps(wheel: Wheel, n: usize) -> Vec<tokio_wheel::Sleep
 }
 
 pub async fn hold_wheel_jobs(wheel: Wheel, n: usize) -> Vec<tokio_wheel::JobHandle<()>> {
-    let jobs = Rng(7)
-        .delays(n)
+    let jobs = memory_delays(n)
         .into_iter()
         .map(|delay| wheel.spawn_after(delay, async {}))
         .collect();
@@ -973,7 +989,7 @@ pub async fn hold_keyed(
     tokio_wheel::Expirations<u64, u64>,
 ) {
     let (timers, expired) = wheel.keyed::<u64, u64>();
-    for (key, delay) in Rng(7).delays(n).into_iter().enumerate() {
+    for (key, delay) in memory_delays(n).into_iter().enumerate() {
         timers.set(key as u64, key as u64, delay);
     }
     assert_eq!(timers.len().await, n);
@@ -982,8 +998,7 @@ pub async fn hold_keyed(
 
 pub async fn hold_delay_queue(n: usize) -> (DelayQueue<u64>, Vec<DelayKey>) {
     let mut queue = DelayQueue::new();
-    let keys = Rng(7)
-        .delays(n)
+    let keys = memory_delays(n)
         .into_iter()
         .enumerate()
         .map(|(i, delay)| queue.insert(i as u64, delay))
@@ -994,8 +1009,7 @@ pub async fn hold_delay_queue(n: usize) -> (DelayQueue<u64>, Vec<DelayKey>) {
 /// n pending `kestrel-timer` timers: the caller holds each one's handle (its id, a reference
 /// to the wheel and the completion receiver), the wheel holds the entry and its index slot.
 pub async fn hold_kestrel(timer: Kestrel, n: usize) -> (Kestrel, Vec<TimerHandleWithCompletion>) {
-    let handles = Rng(7)
-        .delays(n)
+    let handles = memory_delays(n)
         .into_iter()
         .map(|delay| kestrel_register(&timer, delay).1)
         .collect();
@@ -1005,7 +1019,7 @@ pub async fn hold_kestrel(timer: Kestrel, n: usize) -> (Kestrel, Vec<TimerHandle
 /// n pending `hierarchical_hash_wheel_timer` timers (no-op closures, ids 0..n), once the
 /// thread has filed them all: the caller holds nothing per timer (the id is its own).
 pub async fn hold_hash_wheel(mut timer: HashWheelRef, n: usize) -> HashWheelRef {
-    for (id, delay) in Rng(7).delays(n).into_iter().enumerate() {
+    for (id, delay) in memory_delays(n).into_iter().enumerate() {
         timer.schedule_action_once(id as u64, delay, |_| {});
     }
     hash_wheel_barrier(&mut timer).await;
