@@ -41,6 +41,10 @@ def parse_tables(text):
 def bar_chart(path, title, unit, groups, series, values, log=False):
     """Grouped bars: `values[g][s]` for each group g and series s (None is skipped)."""
     width, height, left, bottom, top = 860, 420, 70, 90, 50
+    # Legend: four names a row, or two if a name is long; the canvas grows with its rows.
+    columns = 4 if max(len(name) for name in series) <= 26 else 2
+    extra = max(0, -(-len(series) // columns) - 2) * 16
+    height, bottom = height + extra, bottom + extra
     plot_w, plot_h = width - left - 20, height - top - bottom
     top_value = max(v for row in values for v in row if v is not None) * 1.15
     bar_w = plot_w / len(groups) / (len(series) + 1)
@@ -67,8 +71,8 @@ def bar_chart(path, title, unit, groups, series, values, log=False):
             out.append(f'<text x="{x + bar_w * 0.45:.1f}" y="{top + plot_h - h - 3:.1f}" text-anchor="middle" font-size="10">{value:.0f}</text>')
         out.append(f'<text x="{x0 + len(series) * bar_w / 2:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{html.escape(group)}</text>')
     for s, name in enumerate(series):
-        x = left + (s % 4) * 200
-        y = height - 40 + (s // 4) * 16
+        x = left + (s % columns) * (800 // columns)
+        y = height - 40 - extra + (s // columns) * 16
         out.append(f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{COLORS[s % len(COLORS)]}"/>')
         out.append(f'<text x="{x + 16}" y="{y}">{html.escape(name)}</text>')
     out.append("</svg>")
@@ -78,7 +82,8 @@ def bar_chart(path, title, unit, groups, series, values, log=False):
 
 def chart_table(tables, name, path, title, unit, row_filter=lambda label: True):
     header, rows = tables[name]
-    series = [h for h in header[1:] if "vs best peer" not in h]
+    # Data columns only: ratio columns read "X vs best peer" or "X vs <reference peer>".
+    series = [h for h in header[1:] if " vs " not in h]
     rows = [(label, values[: len(series)]) for label, values in rows if row_filter(label)]
     bar_chart(path, title, unit, [label for label, _ in rows], series, [values for _, values in rows])
 
@@ -90,6 +95,8 @@ def main():
     find = lambda prefix: next(t for t in tables if t.startswith(prefix))
     chart_table(tables, find("Schedule"), f"{out_dir}/schedule.svg", "Register a timer (lower is better)", "ns per timer")
     chart_table(tables, find("Cancel"), f"{out_dir}/cancel.svg", "Cancel a timer (lower is better)", "ns per timer")
+    if any(t.startswith("Schedule + cancel pair") for t in tables):  # not in older outputs
+        chart_table(tables, find("Schedule + cancel pair"), f"{out_dir}/schedule_cancel_pair.svg", "Register + cancel a timer (lower is better)", "ns per pair")
     chart_table(tables, find("Postpone"), f"{out_dir}/postpone.svg", "Move a timer (lower is better)", "ns per move")
     chart_table(tables, find("Keyed churn"), f"{out_dir}/keyed_churn.svg", "Keyed churn (lower is better)", "ns per op")
     chart_table(tables, find("Many producers"), f"{out_dir}/producers.svg", "Register + cancel from P tasks (lower is better)", "ns per pair")
