@@ -344,10 +344,14 @@ impl<M: Machine> Actor<M> {
         );
         self.reported_pending = pending;
         self.reported_moves = moves;
-        let holds = self.batch.capacity() > RETAINED_BATCH
-            || self.inbox.holds_memory()
-            || self.machine.holds_memory(&self.shared);
-        if pending == 0 && self.batch.is_empty() && holds {
+        let idle = pending == 0 && self.batch.is_empty();
+        // Looked at only when idle: `holds_memory` locks every inbox shard.
+        let holds = idle
+            && self.idle_since != Some(u64::MAX)
+            && (self.batch.capacity() > RETAINED_BATCH
+                || self.inbox.holds_memory()
+                || self.machine.holds_memory(&self.shared));
+        if holds {
             let now = self.shared.clock.now();
             let since = *self.idle_since.get_or_insert(now);
             if now.saturating_sub(since) >= IDLE_GRACE.as_nanos() as u64 {
