@@ -133,3 +133,100 @@ fn a_multi_thread_runtime_fed_from_other_threads_keeps_polling_its_tasks() {
         .unwrap();
     check("multi-thread", runtime);
 }
+
+/// Beats every 10 ms on a current-thread runtime while `work` runs on another thread against
+/// a wheel whose actor lives on that runtime; returns the worst gap between beats.
+fn heartbeat_while(work: impl FnOnce(Wheel) + Send + 'static) -> Duration {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wheel = Wheel::builder().runtime(runtime.handle().clone()).build();
+    let done = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            work(wheel);
+            done.store(true, Ordering::Release);
+        })
+    };
+    let worst = runtime.block_on(async move {
+        let mut worst = Duration::ZERO;
+        let mut last = Instant::now();
+        while !done.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = Instant::now();
+            worst = worst.max(now - last);
+            last = now;
+        }
+        worst
+    });
+    worker.join().unwrap();
+    worst
+}
+
+/// Runs `future` to completion on a runtime of the calling thread (the work thread's own).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+const BIG: u64 = 200_000;
+
+#[test]
+fn draining_a_big_keyed_set_does_not_stall_the_actors_runtime() {
+    let worst = heartbeat_while(|wheel| {
+        let (timers, _expired) = block_on(async { wheel.keyed::<u64, String>() });
+        for key in 0..BIG {
+            timers.set(key, "x".to_owned(), Duration::from_secs(3_600));
+        }
+        let drained = block_on(timers.drain());
+        assert_eq!(drained.len() as u64, BIG);
+    });
+    assert!(worst <= MAX_GAP, "heartbeat gap {worst:?} while draining");
+}
+
+#[test]
+fn shutting_down_with_many_timers_pending_does_not_stall_the_actors_runtime() {
+    let worst = heartbeat_while(|wheel| {
+        let (timers, mut expired) = block_on(async { wheel.keyed::<u64, String>() });
+        for key in 0..BIG {
+            timers.set(key, "x".to_owned(), Duration::from_secs(3_600));
+        }
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let sleeps: Vec<_> = (0..BIG)
+            .map(|i| {
+                let mut sleep = wheel.sleep(Duration::from_secs(3_600 + i));
+                let _ = std::future::Future::poll(std::pin::Pin::new(&mut sleep), &mut cx);
+                sleep
+            })
+            .collect();
+        let jobs: Vec<_> = (0..BIG)
+            .map(|i| wheel.spawn_after(Duration::from_secs(3_600 + i), async {}))
+            .collect();
+        block_on(async {
+            wheel.flush().await;
+            assert_eq!(timers.len().await as u64, BIG);
+            wheel.shutdown().await;
+            let mut flushed = 0;
+            while let Some(expiry) = futures::StreamExt::next(&mut expired).await {
+                assert!(expiry.is_shutdown());
+                flushed += 1;
+            }
+            assert_eq!(flushed, BIG);
+            for job in jobs {
+                assert_eq!(job.await, Err(tokio_wheel::JobError::Shutdown));
+            }
+        });
+        drop(sleeps);
+    });
+    assert!(
+        worst <= MAX_GAP,
+        "heartbeat gap {worst:?} while shutting down"
+    );
+}

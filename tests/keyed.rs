@@ -231,3 +231,29 @@ async fn a_key_postponed_past_another_expires_after_it_even_when_the_clock_jumps
     );
     assert!(first.deadline() < second.deadline());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_set_no_one_can_observe_stops_and_drops_its_values() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let wheel = Wheel::new();
+    let alive = std::sync::Arc::new(());
+    let (timers, expired) = wheel.keyed::<u32, std::sync::Arc<()>>();
+    for key in 0..100 {
+        timers.set(key, alive.clone(), secs(3_600));
+    }
+    assert_eq!(timers.len().await, 100);
+    let actors = metrics.num_alive_tasks();
+    drop(expired);
+    drop(timers);
+    settle().await;
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        actors - 1,
+        "the keyed actor stopped"
+    );
+    assert_eq!(
+        std::sync::Arc::strong_count(&alive),
+        1,
+        "its values were dropped"
+    );
+}
