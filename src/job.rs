@@ -22,13 +22,13 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::task::AtomicWaker;
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, coop};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::actor::inbox::Urgency;
@@ -286,7 +286,11 @@ impl<T> Future for JobHandle<T> {
     type Output = JobResult<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<JobResult<T>> {
-        self.outcome.poll(cx)
+        // Under tokio's task budget, as awaiting a `JoinHandle` is.
+        let budget = ready!(coop::poll_proceed(cx));
+        let result = ready!(self.outcome.poll(cx));
+        budget.made_progress();
+        Poll::Ready(result)
     }
 }
 
@@ -529,6 +533,11 @@ where
         if schedule == Schedule::FixedDelay {
             ticks.reset();
         }
+        // Let the worker run something else between runs. A run that outlasts its period
+        // finds the next tick already due, and without this the loop would never give the
+        // worker back: the actor, woken onto this worker's LIFO slot (which no other worker
+        // can steal), would wait behind a blocking job for as long as it kept running late.
+        tokio::task::yield_now().await;
         let mut next = lock(&control.next);
         // Keep a reschedule made during the run (its notification moves the interval).
         if *next == due {

@@ -52,11 +52,12 @@ use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::coop;
 use tokio::time::Instant;
 
 use crate::actor::Actor;
@@ -309,10 +310,23 @@ impl<K, V> Stream for Expirations<K, V> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Expired<K, V>>> {
         let this = self.get_mut();
+        // Whether this poll has spent a unit of tokio's task budget already (receiving a
+        // batch does): each item costs one, as each message from the channel does.
+        let mut spent = false;
         loop {
             if let Some(flushed) = &mut this.flushed {
+                // Under the budget, as the channel below is: a consumer of a large batch
+                // still yields now and then.
+                let budget = if spent {
+                    None
+                } else {
+                    Some(ready!(coop::poll_proceed(cx)))
+                };
                 match flushed.next() {
                     Some((key, value, deadline)) => {
+                        if let Some(budget) = budget {
+                            budget.made_progress();
+                        }
                         let expiry = Expiry {
                             key,
                             value,
@@ -328,7 +342,10 @@ impl<K, V> Stream for Expirations<K, V> {
                 Poll::Ready(Some(Delivery::Fired(expiry))) => {
                     return Poll::Ready(Some(this.expired(expiry)));
                 }
-                Poll::Ready(Some(Delivery::Flushed(drained))) => this.flushed = Some(drained),
+                Poll::Ready(Some(Delivery::Flushed(drained))) => {
+                    this.flushed = Some(drained);
+                    spent = true;
+                }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }

@@ -266,3 +266,29 @@ fn a_periodic_job_whose_runtime_is_gone_is_finished() {
     let result = futures::executor::block_on(job);
     assert_eq!(result, Err(JobError::Shutdown));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_always_runs_late_does_not_hold_up_the_wheels_other_timers() {
+    // Each run blocks its worker for 150 ms, with a 20 ms period: every next tick is due
+    // before the run ends. The driver must still give its worker back between runs, or the
+    // actor, woken onto that worker's LIFO slot, waits behind it for good (found by an
+    // independent attack: the test hung).
+    let wheel = Wheel::new();
+    let periodic = wheel.spawn_every(Duration::from_millis(20), Schedule::FixedRate, || {
+        std::thread::sleep(Duration::from_millis(150));
+        async {}
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    for _ in 0..10 {
+        let started = std::time::Instant::now();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            wheel.sleep(Duration::from_millis(5)),
+        )
+        .await
+        .expect("a 5 ms sleep completed while the late job kept running");
+        // Up to one blocking run, plus slack for a loaded machine.
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    assert!(periodic.cancel());
+}

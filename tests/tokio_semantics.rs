@@ -248,3 +248,110 @@ async fn every_missed_tick_behavior_matches_tokio() {
         ticks_side_by_side(behavior, &stalls).await;
     }
 }
+
+/// How many of `steps` awaits of `$step` a loop gets through before a task spawned just
+/// before it runs: on a current-thread runtime, that is when the loop first yields. `None`:
+/// it never yielded.
+macro_rules! steps_before_yield {
+    ($steps:expr, $step:expr) => {{
+        // Start on a fresh budget.
+        tokio::task::yield_now().await;
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        let other =
+            tokio::spawn(async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) });
+        let mut yielded = None;
+        for done in 0..$steps {
+            if yielded.is_none() && ran.load(std::sync::atomic::Ordering::SeqCst) {
+                yielded = Some(done);
+            }
+            let _ = $step.await;
+        }
+        other.await.unwrap();
+        yielded
+    }};
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loop_over_due_timers_yields_to_the_scheduler_when_tokios_would() {
+    // tokio's timers spend the task's cooperative budget: a loop awaiting timers that are
+    // already due gives the worker back every so often. Ours must too, at the same points.
+    let wheel = Wheel::new();
+    let theirs = steps_before_yield!(1_000, tokio::time::sleep(Duration::ZERO));
+    let ours = steps_before_yield!(1_000, wheel.sleep(Duration::ZERO));
+    assert!(theirs.is_some(), "tokio's loop yields");
+    assert_eq!(ours, theirs, "sleeps");
+
+    // Interval ticks all overdue (Burst hands them back to back).
+    let past = Instant::now() - Duration::from_secs(10);
+    let mut tokio_ticks = tokio::time::interval_at(past, ms(1));
+    let theirs = steps_before_yield!(1_000, tokio_ticks.tick());
+    let mut our_ticks = wheel.interval_at(past, ms(1));
+    our_ticks.set_missed_tick_behavior(MissedTickBehavior::Burst);
+    let ours = steps_before_yield!(1_000, our_ticks.tick());
+    assert!(theirs.is_some(), "tokio's interval yields");
+    assert_eq!(ours, theirs, "interval ticks");
+
+    // Timeouts that elapse at once (the inner future never completes).
+    let theirs = steps_before_yield!(
+        1_000,
+        tokio::time::timeout(Duration::ZERO, std::future::pending::<()>())
+    );
+    let ours = steps_before_yield!(
+        1_000,
+        wheel.timeout(Duration::ZERO, std::future::pending::<()>())
+    );
+    assert!(theirs.is_some(), "tokio's timeouts yield");
+    assert_eq!(ours, theirs, "timeouts");
+
+    // Awaiting finished jobs, as awaiting finished tokio tasks.
+    let tasks: Vec<_> = (0..1_000).map(|_| tokio::spawn(async {})).collect();
+    while !tasks.iter().all(|task| task.is_finished()) {
+        tokio::task::yield_now().await;
+    }
+    let mut tasks = tasks.into_iter();
+    let theirs = steps_before_yield!(1_000, tasks.next().unwrap());
+    let jobs: Vec<_> = (0..1_000)
+        .map(|_| wheel.spawn_after(Duration::ZERO, async {}))
+        .collect();
+    while !jobs.iter().all(|job| job.is_finished()) {
+        tokio::time::sleep(ms(1)).await;
+    }
+    let mut jobs = jobs.into_iter();
+    let ours = steps_before_yield!(1_000, jobs.next().unwrap());
+    assert!(theirs.is_some(), "awaiting tokio's tasks yields");
+    assert_eq!(ours, theirs, "finished jobs");
+
+    // Expirations handed over in one batch at shutdown, as a channel's buffered messages.
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+    for n in 0..1_000 {
+        sender.send(n).unwrap();
+    }
+    let theirs = steps_before_yield!(1_000, receiver.recv());
+    let (timers, mut expirations) = wheel.keyed::<u32, ()>();
+    for n in 0..1_000 {
+        timers.set(n, (), Duration::from_secs(3_600));
+    }
+    wheel.shutdown().await;
+    let ours = steps_before_yield!(1_000, expirations.next());
+    assert!(theirs.is_some(), "tokio's channel yields");
+    assert_eq!(ours, theirs, "expirations flushed at shutdown");
+}
+
+#[tokio::test]
+async fn a_timeout_fires_even_when_its_future_always_spends_the_whole_budget() {
+    // The inner future spends the last of the budget on every poll, then yields. A timer
+    // that refused to run without budget would never get to say the deadline passed.
+    let wheel = Wheel::new();
+    let greedy = async {
+        loop {
+            tokio::task::coop::consume_budget().await;
+        }
+    };
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(10), wheel.timeout(ms(20), greedy)).await;
+    assert!(
+        matches!(outcome, Ok(Err(_))),
+        "the wheel's timeout elapsed (not tokio's 10 s guard)"
+    );
+}
