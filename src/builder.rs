@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::actor::Actor;
 use crate::actor::inbox::Inbox;
+use crate::actor::thread;
 use crate::actor::timers::TimerMachine;
 use crate::error::BuildError;
 use crate::handle::Wheel;
@@ -38,6 +39,7 @@ pub struct Builder {
     layout: Layout,
     name: String,
     runtime: Option<Handle>,
+    own_thread: bool,
 }
 
 impl Default for Builder {
@@ -54,6 +56,7 @@ impl Builder {
             layout: Layout::clock(),
             name: "tokio-wheel".to_owned(),
             runtime: None,
+            own_thread: false,
         }
     }
 
@@ -83,6 +86,26 @@ impl Builder {
         self
     }
 
+    /// Runs the wheel's actors on a thread of their own (a current-thread runtime that runs
+    /// nothing else); jobs still run on [`runtime`](Self::runtime). Default: off.
+    ///
+    /// On the application's runtime the actor is one task among the others, and a task that
+    /// blocks its worker can hold it up: Tokio keeps a task woken from a worker in that
+    /// worker's LIFO slot, which other workers cannot steal, so every timer of the wheel then
+    /// waits until the blocking task yields (on a current-thread runtime, any blocking holds
+    /// it up). With its own thread, timers keep firing on time whatever the application's
+    /// tasks do, at the cost of one thread and a cross-thread wake-up when a command needs the
+    /// actor sooner than it planned to look.
+    ///
+    /// The wheel still stops when the jobs' runtime shuts down. Its clock is the real one:
+    /// a runtime whose clock is paused is refused ([`BuildError::PausedClock`]), and pausing
+    /// it later is not supported. The thread ends once the wheel has stopped (or its last
+    /// handle is gone) and nothing of it is left.
+    pub fn own_thread(mut self, own_thread: bool) -> Builder {
+        self.own_thread = own_thread;
+        self
+    }
+
     /// Starts the wheel.
     ///
     /// # Panics
@@ -103,8 +126,11 @@ impl Builder {
     /// # Errors
     ///
     /// [`BuildError::NoRuntime`] outside a runtime when none was named,
-    /// [`BuildError::NoTimeDriver`] for a runtime built without `enable_time`,
-    /// [`BuildError::ZeroTick`], and [`BuildError::InvalidLayout`].
+    /// [`BuildError::NoTimeDriver`] for a runtime built without `enable_time` (unless the
+    /// actors run on their [own thread](Self::own_thread), which has its own time driver),
+    /// [`BuildError::ZeroTick`], [`BuildError::InvalidLayout`], and with
+    /// [`own_thread`](Self::own_thread), [`BuildError::PausedClock`] or
+    /// [`BuildError::Thread`].
     ///
     /// Tokio offers no way to ask whether a runtime has a time driver, so the wheel finds out
     /// by creating a tokio `Sleep` (which registers nothing): on a runtime without one, tokio
@@ -116,17 +142,35 @@ impl Builder {
             Some(runtime) => runtime,
             None => Handle::try_current().map_err(|_| BuildError::NoRuntime)?,
         };
-        if !has_time_driver(&runtime) {
+        if !self.own_thread && !has_time_driver(&runtime) {
             return Err(BuildError::NoTimeDriver);
         }
         let levels = self.layout.slots_per_level(self.tick)?;
+        if self.own_thread && clock_is_paused(&runtime) {
+            return Err(BuildError::PausedClock);
+        }
         // Read the runtime's clock, which may be paused.
         let origin = {
             let _entered = runtime.enter();
             Instant::now()
         };
         let clock = Clock::new(origin, self.tick);
-        let shared = Arc::new(Shared::new(self.name, clock, runtime, levels));
+        let own_thread = if self.own_thread {
+            let started = thread::start(&self.name);
+            Some(started.map_err(|error| BuildError::Thread(error.to_string()))?)
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared::new(
+            self.name,
+            clock,
+            runtime.clone(),
+            own_thread,
+            levels,
+        ));
+        if self.own_thread {
+            thread::watch_runtime(&runtime, &shared);
+        }
         let shards = Inbox::<()>::shards_for_this_machine();
         let inbox = Arc::new(Inbox::new(shards));
         let machine = TimerMachine::new(&shared.levels, clock, shards);
@@ -142,4 +186,16 @@ impl Builder {
 fn has_time_driver(runtime: &Handle) -> bool {
     let _entered = runtime.enter();
     std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
+}
+
+/// Whether `runtime`'s clock is paused (tokio's `test-util`): it then stands still while real
+/// time passes. Tokio offers no query; 50 µs of real time tells.
+fn clock_is_paused(runtime: &Handle) -> bool {
+    let _entered = runtime.enter();
+    let before = Instant::now();
+    let real = std::time::Instant::now();
+    while real.elapsed() < Duration::from_micros(50) {
+        std::hint::spin_loop();
+    }
+    Instant::now() == before
 }

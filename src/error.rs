@@ -16,6 +16,12 @@ pub enum BuildError {
     ZeroTick,
     /// The layout cannot work; the message says which rule it breaks.
     InvalidLayout(String),
+    /// [`Builder::own_thread`](crate::Builder::own_thread) on a runtime whose clock is paused:
+    /// the wheel's own thread follows the real clock.
+    PausedClock,
+    /// The wheel's own thread or its runtime could not be started; the message is the
+    /// operating system's.
+    Thread(String),
 }
 
 impl fmt::Display for BuildError {
@@ -31,6 +37,11 @@ impl fmt::Display for BuildError {
             ),
             BuildError::ZeroTick => f.write_str("the tick must be longer than zero"),
             BuildError::InvalidLayout(why) => write!(f, "invalid wheel layout: {why}"),
+            BuildError::PausedClock => f.write_str(
+                "a wheel on its own thread follows the real clock, and this runtime's clock is \
+                 paused: build it without Builder::own_thread in paused-time tests",
+            ),
+            BuildError::Thread(why) => write!(f, "could not start the wheel's own thread: {why}"),
         }
     }
 }

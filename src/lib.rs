@@ -48,6 +48,10 @@
 //! - The actor never ticks while idle: it sleeps until the next occupied slot.
 //! - Nothing created by the wheel hangs or panics because the wheel stopped: see
 //!   [`Wheel::shutdown`].
+//! - Its futures spend Tokio's cooperative budget where Tokio's own do, so loops over due
+//!   timers yield as they would with `tokio::time`.
+//! - The actor is a task on your runtime: a task that blocks its worker can hold it up. Where
+//!   that may happen, [`Builder::own_thread`] gives the actors a thread of their own.
 //!
 //! # Cost model
 //!

@@ -27,6 +27,7 @@
 
 pub(crate) mod inbox;
 pub(crate) mod keyed;
+pub(crate) mod thread;
 pub(crate) mod timeline;
 pub(crate) mod timers;
 
@@ -164,7 +165,7 @@ impl<M: Machine> Actor<M> {
     /// Spawns the actor on the wheel's runtime.
     pub(crate) fn spawn(self, kind: &'static str) {
         let span = tracing::debug_span!("tokio_wheel::actor", wheel = %self.shared.name, kind);
-        let runtime = self.shared.runtime.clone();
+        let runtime = self.shared.actors.clone();
         runtime.spawn(self.run().instrument(span));
     }
 

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::clock::Clock;
 use super::counters::Counters;
@@ -16,8 +16,12 @@ use super::pool::Pool;
 pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) clock: Clock,
-    /// Where the actors and jobs run.
+    /// Where jobs run.
     pub(crate) runtime: Handle,
+    /// Where the actors run: `runtime`, or the wheel's own thread.
+    pub(crate) actors: Handle,
+    /// Keeps the wheel's own thread (if it has one) running; dropped with this state.
+    _own_thread: Option<oneshot::Sender<()>>,
     /// Slots per wheel level, for every actor's wheel.
     pub(crate) levels: Vec<u32>,
     /// The shared state of sleeps and jobs.
@@ -32,11 +36,25 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(name: String, clock: Clock, runtime: Handle, levels: Vec<u32>) -> Self {
+    /// `own_thread`: the handle of the runtime on the wheel's own thread and what keeps that
+    /// thread running; `None` runs the actors on `runtime`.
+    pub(crate) fn new(
+        name: String,
+        clock: Clock,
+        runtime: Handle,
+        own_thread: Option<(Handle, oneshot::Sender<()>)>,
+        levels: Vec<u32>,
+    ) -> Self {
+        let (actors, own_thread) = match own_thread {
+            Some((actors, keep)) => (actors, Some(keep)),
+            None => (runtime.clone(), None),
+        };
         Shared {
             name,
             clock,
             runtime,
+            actors,
+            _own_thread: own_thread,
             levels,
             pool: Pool::default(),
             counters: Counters::default(),
