@@ -104,7 +104,7 @@ impl Interval {
     /// Polls for the next tick: its scheduled instant, and whether it came because the wheel
     /// stopped.
     pub(crate) fn poll_tick_woke(&mut self, cx: &mut Context<'_>) -> Poll<(Instant, Woke)> {
-        let woke = ready!(self.sleep.poll_coop(cx));
+        let woke = ready!(self.sleep.poll_woke(cx));
         let scheduled = self.sleep.deadline();
         let next = next_tick(
             scheduled,

@@ -48,8 +48,10 @@
 //! - The actor never ticks while idle: it sleeps until the next occupied slot.
 //! - Nothing created by the wheel hangs or panics because the wheel stopped: see
 //!   [`Wheel::shutdown`].
-//! - Its futures spend Tokio's cooperative budget where Tokio's own do, so loops over due
-//!   timers yield as they would with `tokio::time`.
+//! - A sleep, timeout or interval tick polled at or after its deadline is ready on that poll,
+//!   however much of Tokio's cooperative budget the task has spent (Tokio's own turn pending
+//!   after 128 completions in one turn): a loop that only awaits due timers must yield by
+//!   itself. Awaiting jobs and expirations spends the budget as `JoinHandle` and `mpsc` do.
 //! - The actor is a task on your runtime: a task that blocks its worker can hold it up. Where
 //!   that may happen, [`Builder::own_thread`] gives the actors a thread of their own.
 //!

@@ -16,10 +16,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::task::coop;
 use tokio::time::Instant;
 
 use crate::actor::inbox::Urgency;
@@ -174,17 +173,6 @@ impl Sleep {
         }
     }
 
-    /// [`poll_woke`](Self::poll_woke) under tokio's cooperative budget, as tokio's own timers
-    /// are polled: a completion spends one unit of the task's budget, and a task that has
-    /// spent it all gets `Pending` (and is woken at once), so a loop over sleeps that are
-    /// already due still yields to the scheduler now and then.
-    pub(crate) fn poll_coop(&mut self, cx: &mut Context<'_>) -> Poll<Woke> {
-        let budget = ready!(coop::poll_proceed(cx));
-        let woke = ready!(self.poll_woke(cx));
-        budget.made_progress();
-        Poll::Ready(woke)
-    }
-
     /// Polls for completion and says how it ended.
     pub(crate) fn poll_woke(&mut self, cx: &mut Context<'_>) -> Poll<Woke> {
         if let Some(woke) = self.woke {
@@ -254,7 +242,7 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.get_mut().poll_coop(cx).map(|_| ())
+        self.get_mut().poll_woke(cx).map(|_| ())
     }
 }
 

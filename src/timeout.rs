@@ -16,11 +16,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::task::coop;
 use tokio::time::Instant;
 
 use crate::error::Elapsed;
@@ -105,26 +104,13 @@ impl<F: Future> Future for Timeout<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let had_budget = coop::has_budget_remaining();
         if let Poll::Ready(value) = this.future.poll(cx) {
             return Poll::Ready(Ok(value));
         }
-        // The timer spends tokio's task budget as tokio's timers do, except when the inner
-        // future has just spent the last of it: the deadline is still checked then, or a
-        // future that always exhausts the budget could never time out (tokio's `timeout`
-        // makes the same exception).
-        let budget = if had_budget && !coop::has_budget_remaining() {
-            None
-        } else {
-            Some(ready!(coop::poll_proceed(cx)))
-        };
-        let woke = ready!(match this.after.take() {
+        let woke = match this.after.take() {
             Some(duration) => this.sleep.poll_from_now(duration, cx),
             None => this.sleep.poll_woke(cx),
-        });
-        if let Some(budget) = budget {
-            budget.made_progress();
-        }
-        Poll::Ready(Err(Elapsed::new(woke == Woke::Shutdown)))
+        };
+        woke.map(|woke| Err(Elapsed::new(woke == Woke::Shutdown)))
     }
 }
