@@ -432,9 +432,10 @@ where
         self.entries.high > 0 || self.index.shards.iter().any(|shard| shard.capacity() > 0)
     }
 
-    fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) {
+    fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) -> bool {
         self.entries.release_if_empty();
         self.index.release_if_empty();
         self.timeline.shrink(0, CHUNK);
+        true
     }
 }

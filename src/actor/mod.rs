@@ -113,7 +113,9 @@ pub(crate) trait Machine: Send + 'static {
     fn holds_memory(&self, shared: &Shared) -> bool;
 
     /// The machine has been empty and idle for [`IDLE_GRACE`]: give flood-sized memory back.
-    fn release_memory(&mut self, inbox: &Inbox<Self::Command>, shared: &Arc<Shared>);
+    /// Returns `false` if some of it is held by timers still in use (slots of fired jobs
+    /// whose handles are alive, say): worth another try once they come back.
+    fn release_memory(&mut self, inbox: &Inbox<Self::Command>, shared: &Arc<Shared>) -> bool;
 
     /// The turn is over and counted: answer barriers.
     fn turn_done(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) {}
@@ -142,6 +144,8 @@ pub(crate) struct Actor<M: Machine> {
     /// Since when (clock offset) the machine has been empty and idle, while it still holds
     /// memory to give back.
     idle_since: Option<u64>,
+    /// The last release left memory held by timers still in use.
+    release_blocked: bool,
     stopped: bool,
 }
 
@@ -158,6 +162,7 @@ impl<M: Machine> Actor<M> {
             reported_pending: 0,
             reported_moves: Moves::default(),
             idle_since: None,
+            release_blocked: false,
             stopped: false,
         }
     }
@@ -346,6 +351,12 @@ impl<M: Machine> Actor<M> {
         self.reported_pending = pending;
         self.reported_moves = moves;
         let idle = pending == 0 && self.batch.is_empty();
+        if idle && self.release_blocked && self.machine.freed().iter().any(|f| !f.is_empty()) {
+            // Slots the last release found in use are coming back: try again once the
+            // machine has been idle for another grace period.
+            self.release_blocked = false;
+            self.idle_since = None;
+        }
         // Looked at only when idle: `holds_memory` locks every inbox shard.
         let holds = idle
             && self.idle_since != Some(u64::MAX)
@@ -357,13 +368,14 @@ impl<M: Machine> Actor<M> {
             let since = *self.idle_since.get_or_insert(now);
             if now.saturating_sub(since) >= IDLE_GRACE.as_nanos() as u64 {
                 self.inbox.trim();
-                self.machine.release_memory(&self.inbox, &self.shared);
-                // Given back (or held by timers still in use): no reason to wake for it again
-                // until the next burst.
+                self.release_blocked = !self.machine.release_memory(&self.inbox, &self.shared);
+                // Given back, or held by timers still in use: no reason to wake for it again
+                // until the next burst, or until those timers give their slots back.
                 self.idle_since = Some(u64::MAX);
             }
         } else if pending > 0 || !self.batch.is_empty() {
             self.idle_since = None;
+            self.release_blocked = false;
         }
         self.machine.turn_done(&self.inbox, &self.shared);
     }

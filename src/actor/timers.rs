@@ -247,16 +247,21 @@ impl Machine for TimerMachine {
                 .any(|freed| freed.capacity() > RETAINED_SLOTS as usize)
     }
 
-    fn release_memory(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) {
+    fn release_memory(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) -> bool {
         if self.jobs.capacity() > 64 {
             self.jobs = HashMap::new();
         }
+        let mut all = true;
         if shared.pool.capacity() > RETAINED_SLOTS {
-            if let Some(capacity) = inbox.shrink_pool(&shared.pool, &mut self.freed, RETAINED_SLOTS)
-            {
-                tracing::debug!(capacity, "idle: timer pool shrunk");
-                self.timeline
-                    .shrink(capacity as usize, RETAINED_SLOTS as usize);
+            match inbox.shrink_pool(&shared.pool, &mut self.freed, RETAINED_SLOTS) {
+                Some(capacity) => {
+                    tracing::debug!(capacity, "idle: timer pool shrunk");
+                    self.timeline
+                        .shrink(capacity as usize, RETAINED_SLOTS as usize);
+                }
+                // A slot is still held (a fired job's handle, a sleep that completed and was
+                // not dropped): the pool can shrink once it comes back.
+                None => all = false,
             }
         }
         for freed in &mut self.freed {
@@ -264,6 +269,7 @@ impl Machine for TimerMachine {
                 *freed = Vec::new();
             }
         }
+        all
     }
 
     fn turn_done(&mut self, _inbox: &Inbox<Command>, _shared: &Arc<Shared>) {
