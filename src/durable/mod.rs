@@ -68,10 +68,13 @@
 
 mod engine;
 mod error;
+mod inspect;
 mod policy;
+mod recurring;
 #[cfg(feature = "redis")]
 mod redis;
 pub mod store;
+mod tasks;
 
 use std::fmt;
 use std::path::Path;
@@ -86,7 +89,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::engine::{Consumer, Engine, Request, Settings};
 pub use self::error::Error;
+pub use self::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState};
 pub use self::policy::RetryPolicy;
+pub use self::recurring::{CatchUp, MAX_CATCH_UP, Recurring};
 use self::store::{RedbStore, Store};
 use crate::Wheel;
 
@@ -222,6 +227,10 @@ impl Task {
     }
 }
 
+/// The most entries one page of [`DurableQueue::list`] or [`DurableQueue::dead_letters_page`]
+/// returns.
+pub const PAGE_LIMIT: usize = 1000;
+
 /// A task that was given up on: retried on its last attempt, failed, or out of leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -244,6 +253,8 @@ pub struct Builder {
     prefetch: usize,
     keep_alive: bool,
     close_timeout: Duration,
+    retention: Option<Duration>,
+    check_integrity: bool,
 }
 
 impl Default for Builder {
@@ -254,6 +265,8 @@ impl Default for Builder {
             prefetch: 16,
             keep_alive: false,
             close_timeout: Duration::from_secs(30),
+            retention: None,
+            check_integrity: false,
         }
     }
 }
@@ -304,6 +317,26 @@ impl Builder {
         self
     }
 
+    /// Purges dead letters older than `retention` (by the time they died, on the store's
+    /// clock) on their own, in bounded batches, checking every `retention / 4` (between
+    /// 10 ms and 1 minute). Off by default: dead letters stay until redriven or purged with
+    /// [`DurableQueue::purge_dead`]. On Redis every handle with a retention purges.
+    pub fn dead_letter_retention(mut self, retention: Duration) -> Builder {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// Embedded store: verify the checksum of every page when opening (redb's integrity
+    /// check). Off by default, because it reads the whole file: opening then takes time in
+    /// proportion to the file's size, payloads included. Without it, opening reads nothing
+    /// but the tasks a previous holder left in flight; redb still checks and repairs a file
+    /// after a crash on its own. Turn it on if the file may be changed behind the queue's
+    /// back; a damaged file is then [`Error::Corrupt`] at open rather than later.
+    pub fn check_integrity(mut self, on: bool) -> Builder {
+        self.check_integrity = on;
+        self
+    }
+
     fn settings(&self) -> Result<Settings, Error> {
         if self.lease < Duration::from_millis(1) {
             return Err(Error::Invalid(format!(
@@ -316,6 +349,7 @@ impl Builder {
             lease: self.lease,
             keep_alive: self.keep_alive,
             close_timeout: self.close_timeout,
+            retention: self.retention,
         })
     }
 
@@ -329,9 +363,15 @@ impl Builder {
     pub async fn open(self, path: impl AsRef<Path>, wheel: &Wheel) -> Result<DurableQueue, Error> {
         self.settings()?;
         let path = path.as_ref().to_owned();
-        let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
-            .await
-            .map_err(|e| Error::Io(format!("opening the store panicked: {e}")))??;
+        let verify = self.check_integrity;
+        let store = tokio::task::spawn_blocking(move || {
+            let mut store = RedbStore::open_checked(path, verify)?;
+            tasks::migrate_legacy(&mut store, engine::now_ms())?;
+            Ok::<_, Error>(store)
+        })
+        .await
+        // redb may panic on a file changed behind its back: that file is not a store.
+        .map_err(|e| Error::Corrupt(format!("opening the store panicked: {e}")))??;
         self.open_with_store(store, wheel).await
     }
 
@@ -525,8 +565,9 @@ impl DurableQueue {
         Ok(self.len().await? == 0)
     }
 
-    /// The dead letters, oldest schedule first. On Redis they are read in pages of 1000, so
-    /// a long list never blocks the server.
+    /// Every dead letter with its payload, in the order they died. This reads the whole set
+    /// (in pages of 1000 on Redis, so the server is never blocked): prefer
+    /// [`dead_letters_page`](DurableQueue::dead_letters_page) for long lists.
     ///
     /// # Errors
     ///
@@ -552,6 +593,147 @@ impl DurableQueue {
         }
         let id = id.as_str().to_owned();
         self.ask(|reply| Request::Redrive(id, reply)).await
+    }
+
+    /// One task as the store holds it (without its payload), or `None` if there is no task
+    /// of that id. A recurring schedule shows as pending at its next occurrence.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn get(&self, id: &TaskId) -> Result<Option<TaskInfo>, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.get(id.as_str()).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::Get(id, reply)).await
+    }
+
+    /// A page of at most `limit` tasks (capped at [`PAGE_LIMIT`]) in one state, after the
+    /// task `after` (from the start if `None`): pending tasks in due order (ties in schedule
+    /// order), in-flight tasks in order of lease end, dead letters in the order they died.
+    /// Pass the last id of a page as `after` to get the next one; an empty page is the end.
+    ///
+    /// Each page is one bounded read (on Redis, `ZRANK` and `ZRANGE … LIMIT` on the index:
+    /// never the whole set). The list is live: a task that moves between pages may be missed
+    /// or seen twice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] if `after` is no longer in that state (list again from the start),
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn list(
+        &self,
+        filter: TaskFilter,
+        after: Option<&TaskId>,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, Error> {
+        let limit = limit.min(PAGE_LIMIT);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.list(filter, after.map(TaskId::as_str), limit).await;
+        }
+        let after = after.map(|id| id.as_str().to_owned());
+        self.ask(|reply| Request::List(filter, after, limit, reply))
+            .await
+    }
+
+    /// A page of at most `limit` dead letters (capped at [`PAGE_LIMIT`]) with their
+    /// payloads, in the order they died, after the dead letter `after`.
+    ///
+    /// # Errors
+    ///
+    /// As [`list`](DurableQueue::list).
+    pub async fn dead_letters_page(
+        &self,
+        after: Option<&TaskId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        let limit = limit.min(PAGE_LIMIT);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis
+                .dead_letters_page(after.map(TaskId::as_str), limit)
+                .await;
+        }
+        let after = after.map(|id| id.as_str().to_owned());
+        self.ask(|reply| Request::DeadPage(after, limit, reply))
+            .await
+    }
+
+    /// Deletes the dead letters that died more than `older_than` ago (by the store's clock),
+    /// in bounded batches; returns how many. `Duration::ZERO` purges them all.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn purge_dead(&self, older_than: Duration) -> Result<u64, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.purge_dead(delay_ms(older_than)).await;
+        }
+        let before_ms = if older_than.is_zero() {
+            u64::MAX
+        } else {
+            engine::now_ms().saturating_sub(delay_ms(older_than))
+        };
+        self.ask(|reply| Request::Purge {
+            before_ms,
+            removed: 0,
+            reply: Some(reply),
+        })
+        .await
+    }
+
+    /// The queue's counts and counters (see [`QueueStats`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn stats(&self) -> Result<QueueStats, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.stats().await;
+        }
+        self.ask(Request::Stats).await
+    }
+
+    /// Stores a recurring schedule and returns its id once it is durable. Each occurrence is
+    /// delivered once, as an ordinary [`Delivery`] with the id `"{id}@{ms}"` whose
+    /// [`due`](Delivery::due) is the occurrence's time, across every worker and restart (see
+    /// [`Recurring`]). Declaring the same id with the same definition again keeps the
+    /// schedule as it is, so every process may declare its schedules at start-up.
+    ///
+    /// Occurrences are made when a consumer claims: a queue nobody consumes makes none, and
+    /// those it missed are caught up by the [`CatchUp`] rule when consuming starts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a period under 1 ms, [`Error::InFlight`] if a task of that id
+    /// is being delivered, [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn schedule_recurring(&self, recurring: Recurring) -> Result<TaskId, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.schedule_recurring(recurring).await;
+        }
+        self.ask(|reply| Request::ScheduleRecurring(recurring, reply))
+            .await
+    }
+
+    /// Removes a recurring schedule: `Ok(true)` if there was one. Occurrences already made
+    /// stay (cancel them as tasks).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn cancel_recurring(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "uncron", 0).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::CancelRecurring(id, reply)).await
     }
 
     /// A stream of due tasks. Tasks are claimed only while a stream is polled, at most the
@@ -855,7 +1037,7 @@ impl Delivery {
                 return Err(Error::Closed);
             }
             let held = shared
-                .extend(&[(self.id.as_str().to_owned(), self.token)], duration)
+                .extend(&[(self.id.as_str().to_owned(), self.token)], duration, true)
                 .await?;
             return if held == 1 {
                 Ok(())

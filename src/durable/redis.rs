@@ -53,9 +53,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::engine::{
-    Consumer, Reply, Request, Settings, attach, far_future, now_ms, shut_down, system_time,
+    Consumer, Reply, Request, Settings, attach, far_future, now_ms, shut_down, stale_cursor,
+    system_time,
 };
-use super::{DeadLetter, Delivery, Due, Error, Outcome, Route, Task, TaskId};
+use super::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState, percentile};
+use super::recurring::Spec;
+use super::{DeadLetter, Delivery, Due, Error, Outcome, Recurring, Route, Task, TaskId};
 use crate::Wheel;
 
 /// Most tasks one claim script hands out.
@@ -118,8 +121,8 @@ end
     };
 }
 
-/// KEYS: payload meta due dead seq idle mark; ARGV: name id payload mode(at|after) ms channel
-/// call. A call retried after a lost reply is recognised (by the task's record, or by the mark
+/// KEYS: payload meta due dead seq idle mark inflight; ARGV: name id payload mode(at|after) ms
+/// channel call. A call retried after a lost reply is recognised (by the task's record, or by the mark
 /// its ack left) and answers 'OK' without acting again.
 const SCHEDULE: &str = lua!(
     r#"
@@ -132,8 +135,9 @@ if m then
   local st, d, seq, att, tok, reason, call = parse(m)
   if call == ARGV[7] then return 'OK' end -- this call, retried after a lost reply
   if st == 'i' then return 'INFLIGHT' end
-  if st == 'p' then redis.call('ZREM', KEYS[3], member(seq, id)) end
+  if st == 'p' or st == 'r' then redis.call('ZREM', KEYS[3], member(seq, id)) end
   if st == 'd' then redis.call('ZREM', KEYS[4], id) end
+  if st == 'R' then redis.call('ZREM', KEYS[8], id) end
 else
   local mark = redis.call('GET', KEYS[7])
   if mark and string.match(mark, '|([^|]*)$') == ARGV[7] then return 'OK' end
@@ -147,10 +151,12 @@ return 'OK'
 "#
 );
 
-/// KEYS: meta due inflight dead token payload record previous-record idle;
+/// KEYS: meta due inflight dead token payload record previous-record idle stats lateness;
 /// ARGV: name lease wanted max-attempts channel expire-batch worker-channel.
 /// A worker left with room (it claimed fewer than it wanted) joins the idle set, to be woken
 /// alone when a task becomes due; one that filled up while due tasks remain wakes another.
+/// A due recurring schedule is claimed like a task (state `R`, under a lease) for the worker
+/// to advance, and returned with attempt 0 and its definition in place of a payload.
 /// Returns: now, next due, next lease end, more (1 if expired leases remain), then
 /// id, due, attempt, token, payload for each task handed out.
 const CLAIM: &str = lua!(
@@ -175,9 +181,15 @@ if #replay > 0 then
     local id, tok = replay[i], replay[i + 1]
     local m = redis.call('HGET', KEYS[1], id)
     if m then
-      local st, d, seq, att, t = parse(m)
+      local st, d, seq, att, t, r = parse(m)
       if st == 'i' and t == tok then
         hand_out(id, d, att, tok)
+      elseif st == 'R' and t == tok then
+        table.insert(out, id)
+        table.insert(out, fmt(d))
+        table.insert(out, '0')
+        table.insert(out, tok)
+        table.insert(out, r)
       end
     end
   end
@@ -190,11 +202,17 @@ else
     local m = redis.call('HGET', KEYS[1], id)
     if m then
       local st, d, seq, att, t, r, call = parse(m)
-      if att >= tonumber(ARGV[4]) then
+      if st == 'R' then
+        -- A recurring schedule whose worker did not advance it: due again as it was.
+        redis.call('HSET', KEYS[1], id, record('r', d, seq, 0, '0', r, call))
+        redis.call('ZADD', KEYS[2], d, member(seq, id))
+      elseif att >= tonumber(ARGV[4]) then
         redis.call('HSET', KEYS[1], id, record('d', d, seq, att, '0',
           'lease expired on delivery ' .. fmt(att) .. ' of ' .. ARGV[4], call))
-        redis.call('ZADD', KEYS[4], seq, id)
+        redis.call('ZADD', KEYS[4], now, id)
+        redis.call('HINCRBY', KEYS[10], 'dead_lettered', 1)
       else
+        redis.call('HINCRBY', KEYS[10], 'expired', 1)
         if not announced then
           announce(KEYS[2], ARGV[5], KEYS[9], now, now)
           announced = true
@@ -208,18 +226,34 @@ else
   local wanted = tonumber(ARGV[3])
   if wanted > 0 then
     local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, wanted)
+    local late = {}
     for _, mem in ipairs(due) do
       redis.call('ZREM', KEYS[2], mem)
       local id = string.sub(mem, 22)
       local st, d, seq, att, t, r, call = parse(redis.call('HGET', KEYS[1], id))
-      att = att + 1
       local tok = fmt(redis.call('INCR', KEYS[5]))
-      redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, '', call))
       redis.call('ZADD', KEYS[3], now + lease, id)
       redis.call('RPUSH', KEYS[7], id, tok)
-      hand_out(id, d, att, tok)
+      if st == 'r' then
+        redis.call('HSET', KEYS[1], id, record('R', d, seq, 0, tok, r, call))
+        table.insert(out, id)
+        table.insert(out, fmt(d))
+        table.insert(out, '0')
+        table.insert(out, tok)
+        table.insert(out, r)
+      else
+        att = att + 1
+        redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, '', call))
+        hand_out(id, d, att, tok)
+        table.insert(late, fmt(math.max(now - d, 0)))
+      end
     end
     if #due > 0 then redis.call('PEXPIRE', KEYS[7], lease) end
+    if #late > 0 then
+      redis.call('HINCRBY', KEYS[10], 'delivered', #late)
+      redis.call('RPUSH', KEYS[11], unpack(late))
+      redis.call('LTRIM', KEYS[11], -1000, -1)
+    end
     if #due < wanted then
       redis.call('ZADD', KEYS[9], now, ARGV[7])
     else
@@ -241,7 +275,7 @@ return head
 "#
 );
 
-/// KEYS: payload meta inflight due dead mark idle;
+/// KEYS: payload meta inflight due dead mark idle stats;
 /// ARGV: name id token outcome(ack|retry|dead) delay reason channel max-attempts window call.
 /// A retry of the last attempt goes to the dead letters. Returns 1 if this call took effect
 /// (now, or before when its reply was lost: the mark names the delivery and the call), 0 if
@@ -259,19 +293,22 @@ if m then
     if outcome == 'ack' then
       redis.call('HDEL', KEYS[1], id)
       redis.call('HDEL', KEYS[2], id)
+      redis.call('HINCRBY', KEYS[8], 'acked', 1)
     elseif outcome == 'retry' and att < tonumber(ARGV[8]) then
       local now = now_ms()
       local due = now + tonumber(ARGV[5])
       redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
       announce(KEYS[4], ARGV[7], KEYS[7], due, now)
       redis.call('ZADD', KEYS[4], due, member(seq, id))
+      redis.call('HINCRBY', KEYS[8], 'retried', 1)
     else
       local reason = ARGV[6]
       if outcome == 'retry' then
         reason = 'retried on its last delivery (' .. fmt(att) .. ' of ' .. fmt(att) .. ')'
       end
       redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason, call))
-      redis.call('ZADD', KEYS[5], seq, id)
+      redis.call('ZADD', KEYS[5], now_ms(), id)
+      redis.call('HINCRBY', KEYS[8], 'dead_lettered', 1)
     end
     redis.call('SET', KEYS[6], tok .. '|' .. ARGV[10] .. '|' .. (call or ''), 'PX', ARGV[9])
     return 1
@@ -286,19 +323,24 @@ return 0
 "#
 );
 
-/// KEYS: meta inflight; ARGV: name lease (id token)…; sets each lease still held by that
-/// token to end `lease` from now. Returns 1 or 0 per pair.
+/// KEYS: meta inflight; ARGV: name lease mode(set|renew) (id token)…; sets each lease still
+/// held by that token to end `lease` from now — `renew` (the engine's renewals and hand-outs)
+/// never shortens one, so it cannot undo a user's longer `extend`. Returns 1 or 0 per pair.
 const EXTEND: &str = lua!(
     r#"
 local lease_end = now_ms() + tonumber(ARGV[2])
 local out = {}
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   local ok = 0
   local m = redis.call('HGET', KEYS[1], ARGV[i])
   if m then
     local st, d, seq, att, t = parse(m)
     if st == 'i' and t == ARGV[i + 1] then
-      redis.call('ZADD', KEYS[2], lease_end, ARGV[i])
+      if ARGV[3] == 'set' then
+        redis.call('ZADD', KEYS[2], lease_end, ARGV[i])
+      else
+        redis.call('ZADD', KEYS[2], 'GT', lease_end, ARGV[i])
+      end
       ok = 1
     end
   end
@@ -308,8 +350,8 @@ return out
 "#
 );
 
-/// KEYS: meta inflight due idle; ARGV: name channel (id token)…; returns claims never handed
-/// out: pending again at their due time, the delivery not counted.
+/// KEYS: meta inflight due idle stats; ARGV: name channel (id token)…; returns claims never
+/// handed out: pending again at their due time, the delivery not counted.
 const RELEASE: &str = lua!(
     r#"
 local now = now_ms()
@@ -328,11 +370,13 @@ for i = 3, #ARGV, 2 do
     end
   end
 end
+if n > 0 then redis.call('HINCRBY', KEYS[5], 'returned', n) end
 return n
 "#
 );
 
-/// KEYS: payload meta due dead idle; ARGV: name id op(cancel|reschedule|redrive) due channel.
+/// KEYS: payload meta due dead idle inflight;
+/// ARGV: name id op(cancel|reschedule|redrive|uncron) due channel.
 const CHANGE: &str = lua!(
     r#"
 local id = ARGV[2]
@@ -359,8 +403,145 @@ elseif op == 'redrive' and st == 'd' then
   announce(KEYS[3], ARGV[5], KEYS[5], now, now)
   redis.call('ZADD', KEYS[3], now, member(seq, id))
   return 1
+elseif op == 'uncron' and (st == 'r' or st == 'R') then
+  redis.call('ZREM', KEYS[3], member(seq, id))
+  redis.call('ZREM', KEYS[6], id)
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  return 1
 end
 return 0
+"#
+);
+
+/// KEYS: payload meta due inflight dead seq idle; ARGV: name id payload catch-up kind
+/// (every|cron) definition (period ms | expression) channel.
+/// Declares a recurring schedule. The same definition and payload again: kept as it is. Else
+/// it is (re)made, due now, owing nothing up to now nor up to what a schedule it replaces had
+/// made; the first worker to claim it computes its next occurrence.
+const SCHEDULE_RECURRING: &str = lua!(
+    r#"
+local now = now_ms()
+local id, catch, kind, def = ARGV[2], ARGV[4], ARGV[5], ARGV[6]
+local last = now
+local m = redis.call('HGET', KEYS[2], id)
+if m then
+  local st, d, seq, att, tok, reason, call = parse(m)
+  if st == 'i' then return 'INFLIGHT' end
+  if st == 'r' or st == 'R' then
+    local c, l, k, rest = string.match(reason, '^([^|]*)|(%d+)|([^|]*)|(.*)$')
+    local old_def = rest
+    if k == 'every' then old_def = string.match(rest, '^([^|]*)') end
+    if c == catch and k == kind and old_def == def and
+       redis.call('HGET', KEYS[1], id) == ARGV[3] then
+      return 'KEPT'
+    end
+    last = math.max(last, tonumber(l))
+  end
+  if st == 'p' or st == 'r' then redis.call('ZREM', KEYS[3], member(seq, id)) end
+  if st == 'R' then redis.call('ZREM', KEYS[4], id) end
+  if st == 'd' then redis.call('ZREM', KEYS[5], id) end
+end
+local spec = catch .. '|' .. fmt(last) .. '|' .. kind .. '|' .. def
+if kind == 'every' then spec = spec .. '|' .. fmt(now) end
+local seq = redis.call('INCR', KEYS[6])
+redis.call('HSET', KEYS[1], id, ARGV[3])
+redis.call('HSET', KEYS[2], id, record('r', now, seq, 0, '0', spec, ''))
+announce(KEYS[3], ARGV[7], KEYS[7], now, now)
+redis.call('ZADD', KEYS[3], now, member(seq, id))
+return 'OK'
+"#
+);
+
+/// KEYS: payload meta due inflight seq idle; ARGV: name id token spec next-due channel
+/// occurrence…. The worker holding the claimed recurring schedule `id` (by `token`) makes the
+/// occurrences it owes as pending tasks `id@ms` (never one that exists), and moves it to its
+/// next due time with its new definition. Returns 1, or 0 if the claim was lost.
+const ADVANCE: &str = lua!(
+    r#"
+local now = now_ms()
+local id, tok = ARGV[2], ARGV[3]
+local m = redis.call('HGET', KEYS[2], id)
+if not m then return 0 end
+local st, d, seq, att, t, r, call = parse(m)
+if st ~= 'R' or t ~= tok then return 0 end
+local payload = redis.call('HGET', KEYS[1], id) or ''
+for i = 7, #ARGV do
+  local at = tonumber(ARGV[i])
+  local occurrence = id .. '@' .. ARGV[i]
+  if redis.call('HEXISTS', KEYS[2], occurrence) == 0 then
+    local oseq = redis.call('INCR', KEYS[5])
+    redis.call('HSET', KEYS[1], occurrence, payload)
+    redis.call('HSET', KEYS[2], occurrence, record('p', at, oseq, 0, '0', '', ''))
+    announce(KEYS[3], ARGV[6], KEYS[6], at, now)
+    redis.call('ZADD', KEYS[3], at, member(oseq, occurrence))
+  end
+end
+local next_due = tonumber(ARGV[5])
+redis.call('ZREM', KEYS[4], id)
+redis.call('HSET', KEYS[2], id, record('r', next_due, seq, 0, '0', ARGV[4], call))
+announce(KEYS[3], ARGV[6], KEYS[6], next_due, now)
+redis.call('ZADD', KEYS[3], next_due, member(seq, id))
+return 1
+"#
+);
+
+/// KEYS: meta due inflight dead payload; ARGV: name filter(pending|inflight|dead) after limit
+/// payloads(0|1). One page of an index after the cursor task, by rank (`ZRANK`, then
+/// `ZRANGE … LIMIT`): never the whole set. Returns 'STALE' if the cursor is not in that index,
+/// else id, record, lease end (or ''), payload length (or the payload) per task.
+const LIST: &str = lua!(
+    r#"
+local filter, after, limit = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local index = KEYS[2]
+if filter == 'inflight' then index = KEYS[3] elseif filter == 'dead' then index = KEYS[4] end
+local start = 0
+if after ~= '' then
+  local cursor = after
+  if filter == 'pending' then
+    local m = redis.call('HGET', KEYS[1], after)
+    if not m then return 'STALE' end
+    local st, d, seq = parse(m)
+    cursor = member(seq, after)
+  end
+  local rank = redis.call('ZRANK', index, cursor)
+  if not rank then return 'STALE' end
+  start = rank + 1
+end
+local out = {}
+if limit <= 0 then return out end
+for _, mem in ipairs(redis.call('ZRANGE', index, start, start + limit - 1)) do
+  local id = mem
+  if filter == 'pending' then id = string.sub(mem, 22) end
+  local m = redis.call('HGET', KEYS[1], id)
+  if m then
+    table.insert(out, id)
+    table.insert(out, m)
+    table.insert(out, redis.call('ZSCORE', KEYS[3], id) or '')
+    if ARGV[5] == '1' then
+      table.insert(out, redis.call('HGET', KEYS[5], id) or '')
+    else
+      table.insert(out, fmt(redis.call('HSTRLEN', KEYS[5], id)))
+    end
+  end
+end
+return out
+"#
+);
+
+/// KEYS: meta dead payload; ARGV: name older-than-ms batch. Deletes up to `batch` dead letters
+/// that died more than `older-than` ago (server clock; 0: all of them). Returns how many.
+const PURGE: &str = lua!(
+    r#"
+local upto = '+inf'
+if tonumber(ARGV[2]) > 0 then upto = '(' .. fmt(now_ms() - tonumber(ARGV[2])) end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', upto, 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('HDEL', KEYS[3], id)
+end
+return #ids
 "#
 );
 
@@ -386,6 +567,10 @@ struct Keys {
     /// Workers with room for more that found nothing due: the one to wake for a due task.
     idle: String,
     channel: String,
+    /// The queue's counters (a hash).
+    stats: String,
+    /// The lateness of the latest claims (a capped list).
+    lateness: String,
 }
 
 impl Keys {
@@ -402,6 +587,8 @@ impl Keys {
             token: key("token"),
             idle: key("idle"),
             channel: key("wake"),
+            stats: key("stats"),
+            lateness: key("lateness"),
             prefix,
         }
     }
@@ -436,6 +623,10 @@ struct Scripts {
     extend: Script,
     release: Script,
     change: Script,
+    schedule_recurring: Script,
+    advance: Script,
+    list: Script,
+    purge: Script,
 }
 
 /// One queue's connection, keys, scripts and settings: what the engine and every handle and
@@ -506,6 +697,10 @@ pub(crate) async fn start(
             extend: Script::new(EXTEND),
             release: Script::new(RELEASE),
             change: Script::new(CHANGE),
+            schedule_recurring: Script::new(SCHEDULE_RECURRING),
+            advance: Script::new(ADVANCE),
+            list: Script::new(LIST),
+            purge: Script::new(PURGE),
         },
         connection,
         settings,
@@ -540,6 +735,10 @@ pub(crate) async fn start(
         held: HashMap::new(),
         handouts: Vec::new(),
         renew_at: None,
+        purge_at: shared
+            .settings
+            .purge_every()
+            .map(|every| Instant::now() + every),
         closing: Vec::new(),
         close_deadline: None,
         closing_streams: false,
@@ -637,6 +836,8 @@ struct RedisEngine {
     /// Handed out this turn after waiting in a buffer: their leases restart.
     handouts: Vec<(String, u64)>,
     renew_at: Option<Instant>,
+    /// Retention: when to purge old dead letters next.
+    purge_at: Option<Instant>,
     closing: Vec<Reply<()>>,
     close_deadline: Option<Instant>,
     /// `close()` was called: end the streams and return their buffers in this turn.
@@ -660,6 +861,7 @@ impl RedisEngine {
                 }
             }
             self.renew_if_due();
+            self.purge_if_due();
             let at = self.next_wake();
             let sleep = self.wheel.sleep_until(at.unwrap_or_else(far_future));
             tokio::select! {
@@ -756,6 +958,7 @@ impl RedisEngine {
         [
             server.map(|ms| self.instant_of(ms)),
             self.renew_at,
+            self.purge_at,
             self.close_deadline,
         ]
         .into_iter()
@@ -800,6 +1003,8 @@ impl RedisEngine {
                     &record,
                     &previous,
                     &keys.idle,
+                    &keys.stats,
+                    &keys.lateness,
                 ],
                 redis_args![
                     "tw-claim",
@@ -825,7 +1030,12 @@ impl RedisEngine {
             return Ok(());
         };
         let mut consumer = 0;
+        let mut schedules = Vec::new();
         for (id, due, attempt, token, payload) in claim.tasks {
+            if attempt == 0 {
+                schedules.push((id, token, payload)); // a recurring schedule to advance
+                continue;
+            }
             while consumer < self.consumers.len() && !self.consumers[consumer].wants() {
                 consumer += 1;
             }
@@ -848,6 +1058,22 @@ impl RedisEngine {
         if !self.buffered.is_empty() && self.renew_at.is_none() {
             self.renew_at = Some(Instant::now() + settings.renew_every());
         }
+        for (id, token, definition) in schedules {
+            let spec = String::from_utf8(definition)
+                .map_err(|_| Error::Corrupt(format!("recurring schedule {id:?} is damaged")))
+                .and_then(|text| Spec::decode(&text));
+            let mut spec = match spec {
+                Ok(spec) => spec,
+                Err(error) => {
+                    tracing::error!(%error, "a recurring schedule cannot be read; left as it is");
+                    continue;
+                }
+            };
+            let (owed, next_due) = spec.advance(claim.server_now);
+            shared.advance(&id, token, &spec, next_due, &owed).await?;
+            // Its occurrences are due now: claim them.
+            self.refresh = true;
+        }
         Ok(())
     }
 
@@ -859,7 +1085,7 @@ impl RedisEngine {
         let handouts = std::mem::take(&mut self.handouts);
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            if let Err(error) = shared.extend(&handouts, shared.settings.lease).await {
+            if let Err(error) = shared.extend(&handouts, shared.settings.lease, false).await {
                 tracing::warn!(%error, "starting leases at hand-out failed");
             }
         });
@@ -888,8 +1114,27 @@ impl RedisEngine {
         let shared = self.shared.clone();
         let lease = shared.settings.lease;
         tokio::spawn(async move {
-            if let Err(error) = shared.extend(&tokens, lease).await {
+            if let Err(error) = shared.extend(&tokens, lease, false).await {
                 tracing::warn!(%error, "renewing leases failed");
+            }
+        });
+    }
+
+    /// Retention: purges the dead letters older than the retention, in the background.
+    fn purge_if_due(&mut self) {
+        let Some(at) = self.purge_at else { return };
+        if at > Instant::now() {
+            return;
+        }
+        let settings = &self.shared.settings;
+        self.purge_at = settings.purge_every().map(|every| Instant::now() + every);
+        let keep = super::delay_ms(settings.retention.unwrap_or_default()).max(1);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            match shared.purge_dead(keep).await {
+                Ok(0) => {}
+                Ok(removed) => tracing::debug!(removed, "purged old dead letters"),
+                Err(error) => tracing::warn!(%error, "purging old dead letters failed"),
             }
         });
     }
@@ -977,7 +1222,14 @@ impl RedisEngine {
             | Request::DeadLetters(..)
             | Request::Ack(..)
             | Request::Retry(..)
-            | Request::Fail(..) => debug_assert!(false, "routed to the server directly"),
+            | Request::Fail(..)
+            | Request::Get(..)
+            | Request::List(..)
+            | Request::DeadPage(..)
+            | Request::Purge { .. }
+            | Request::Stats(..)
+            | Request::ScheduleRecurring(..)
+            | Request::CancelRecurring(..) => debug_assert!(false, "routed to the server directly"),
         }
     }
 }
@@ -1072,6 +1324,7 @@ impl Shared {
                     &keys.seq,
                     &keys.idle,
                     &keys.mark(id.as_str()),
+                    &keys.inflight,
                 ],
                 redis_args![
                     "tw-schedule",
@@ -1095,7 +1348,14 @@ impl Shared {
         let changed: i64 = self
             .invoke(
                 &self.scripts.change,
-                &[&keys.payload, &keys.meta, &keys.due, &keys.dead, &keys.idle],
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.idle,
+                    &keys.inflight,
+                ],
                 redis_args!["tw-change", id, op, due, &keys.channel],
             )
             .await?;
@@ -1134,6 +1394,7 @@ impl Shared {
                     &keys.dead,
                     &keys.mark(id),
                     &keys.idle,
+                    &keys.stats,
                 ],
                 redis_args![
                     "tw-finish",
@@ -1156,16 +1417,18 @@ impl Shared {
         }
     }
 
-    /// Sets the leases of these deliveries to end `lease` from now (server time), in pages;
-    /// returns how many were still held.
+    /// Sets the leases of these deliveries to end `lease` from now (server time), in pages —
+    /// only later than now unless `set` (a user's `extend`); returns how many were still held.
     pub(crate) async fn extend(
         &self,
         deliveries: &[(String, u64)],
         lease: Duration,
+        set: bool,
     ) -> Result<usize, Error> {
         let mut held = 0;
+        let mode = if set { "set" } else { "renew" };
         for page in deliveries.chunks(PAGE) {
-            let mut args = redis_args!["tw-extend", super::delay_ms(lease)];
+            let mut args = redis_args!["tw-extend", super::delay_ms(lease), mode];
             for (id, token) in page {
                 args.extend(redis::ToRedisArgs::to_redis_args(id));
                 args.extend(redis::ToRedisArgs::to_redis_args(token));
@@ -1198,6 +1461,7 @@ impl Shared {
                         &self.keys.inflight,
                         &self.keys.due,
                         &self.keys.idle,
+                        &self.keys.stats,
                     ],
                     args,
                 )
@@ -1269,4 +1533,280 @@ impl Shared {
         }
         Ok(letters)
     }
+
+    /// Advances the claimed recurring schedule `id` (held by `token`): makes the `owed`
+    /// occurrences and moves it to `next_due`.
+    async fn advance(
+        &self,
+        id: &str,
+        token: u64,
+        spec: &Spec,
+        next_due: u64,
+        owed: &[u64],
+    ) -> Result<(), Error> {
+        let keys = &self.keys;
+        let mut args = redis_args![
+            "tw-advance",
+            id,
+            token,
+            spec.encode(),
+            next_due,
+            &keys.channel
+        ];
+        for at in owed {
+            args.extend(redis::ToRedisArgs::to_redis_args(at));
+        }
+        let _: i64 = self
+            .invoke(
+                &self.scripts.advance,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.inflight,
+                    &keys.seq,
+                    &keys.idle,
+                ],
+                args,
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn schedule_recurring(&self, recurring: Recurring) -> Result<TaskId, Error> {
+        // Validated here; the server's clock sets its start.
+        let (id, spec, payload) = recurring.into_parts(0)?;
+        let (catch_up, kind, definition) = spec.definition();
+        let keys = &self.keys;
+        let answer: String = self
+            .invoke(
+                &self.scripts.schedule_recurring,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.inflight,
+                    &keys.dead,
+                    &keys.seq,
+                    &keys.idle,
+                ],
+                redis_args![
+                    "tw-recurring",
+                    id.as_str(),
+                    payload.as_slice(),
+                    catch_up,
+                    kind,
+                    definition,
+                    &keys.channel
+                ],
+            )
+            .await?;
+        match answer.as_str() {
+            "INFLIGHT" => Err(Error::InFlight),
+            _ => Ok(id),
+        }
+    }
+
+    pub(crate) async fn get(&self, id: &str) -> Result<Option<TaskInfo>, Error> {
+        let (meta, lease, payload_len): (Option<String>, Option<f64>, usize) = with_retries(|| {
+            let mut connection = self.connection.clone();
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .hget(&self.keys.meta, id)
+                .zscore(&self.keys.inflight, id)
+                .cmd("HSTRLEN")
+                .arg(&self.keys.payload)
+                .arg(id);
+            async move { pipe.query_async(&mut connection).await }
+        })
+        .await?;
+        meta.map(|meta| task_info(id, &meta, lease.map(|l| l as u64), payload_len as u64))
+            .transpose()
+    }
+
+    /// One page of an index, with payload lengths (or payloads).
+    async fn page(
+        &self,
+        filter: TaskFilter,
+        after: Option<&str>,
+        limit: usize,
+        payloads: bool,
+    ) -> Result<Vec<(String, String, Option<u64>, Vec<u8>)>, Error> {
+        let keys = &self.keys;
+        let name = match filter {
+            TaskFilter::Pending => "pending",
+            TaskFilter::InFlight => "inflight",
+            TaskFilter::Dead => "dead",
+        };
+        let reply: redis::Value = self
+            .invoke(
+                &self.scripts.list,
+                &[
+                    &keys.meta,
+                    &keys.due,
+                    &keys.inflight,
+                    &keys.dead,
+                    &keys.payload,
+                ],
+                redis_args![
+                    "tw-list",
+                    name,
+                    after.unwrap_or(""),
+                    limit,
+                    if payloads { "1" } else { "0" }
+                ],
+            )
+            .await?;
+        let bad = || Error::Io("unexpected reply from the list script".into());
+        let items: Vec<Vec<u8>> = match reply {
+            redis::Value::SimpleString(text) if text == "STALE" => {
+                return Err(stale_cursor(after.unwrap_or(""), filter));
+            }
+            redis::Value::BulkString(text) if text == b"STALE" => {
+                return Err(stale_cursor(after.unwrap_or(""), filter));
+            }
+            other => redis::FromRedisValue::from_redis_value(other).map_err(|_| bad())?,
+        };
+        let mut page = Vec::new();
+        let mut fields = items.into_iter();
+        while let (Some(id), Some(meta), Some(lease), Some(last)) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        {
+            let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| bad());
+            let lease = std::str::from_utf8(&lease)
+                .ok()
+                .and_then(|l| l.parse::<f64>().ok())
+                .map(|l| l as u64);
+            page.push((text(id)?, text(meta)?, lease, last));
+        }
+        Ok(page)
+    }
+
+    pub(crate) async fn list(
+        &self,
+        filter: TaskFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, Error> {
+        self.page(filter, after, limit, false)
+            .await?
+            .into_iter()
+            .map(|(id, meta, lease, len)| {
+                let len = std::str::from_utf8(&len)
+                    .ok()
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(0);
+                task_info(&id, &meta, lease, len)
+            })
+            .collect()
+    }
+
+    pub(crate) async fn dead_letters_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        self.page(TaskFilter::Dead, after, limit, true)
+            .await?
+            .into_iter()
+            .map(|(id, meta, lease, payload)| {
+                let info = task_info(&id, &meta, lease, payload.len() as u64)?;
+                Ok(DeadLetter {
+                    id: info.id,
+                    payload,
+                    attempts: info.attempts,
+                    reason: info.reason.unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    /// Purges dead letters older than `older_than_ms`, a bounded batch per script call.
+    pub(crate) async fn purge_dead(&self, older_than_ms: u64) -> Result<u64, Error> {
+        let mut removed = 0;
+        loop {
+            let batch: u64 = self
+                .invoke(
+                    &self.scripts.purge,
+                    &[&self.keys.meta, &self.keys.dead, &self.keys.payload],
+                    redis_args!["tw-purge", older_than_ms, PAGE],
+                )
+                .await?;
+            removed += batch;
+            if batch < PAGE as u64 {
+                return Ok(removed);
+            }
+        }
+    }
+
+    pub(crate) async fn stats(&self) -> Result<QueueStats, Error> {
+        type Snapshot = (u64, u64, u64, HashMap<String, u64>, Vec<u64>);
+        let (pending, in_flight, dead, counters, mut late): Snapshot = with_retries(|| {
+            let mut connection = self.connection.clone();
+            let keys = &self.keys;
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .zcard(&keys.due)
+                .zcard(&keys.inflight)
+                .zcard(&keys.dead)
+                .hgetall(&keys.stats)
+                .lrange(&keys.lateness, 0, -1);
+            async move { pipe.query_async(&mut connection).await }
+        })
+        .await?;
+        let counter = |name: &str| counters.get(name).copied().unwrap_or(0);
+        Ok(QueueStats {
+            pending,
+            in_flight,
+            dead,
+            delivered: counter("delivered"),
+            acked: counter("acked"),
+            retried: counter("retried"),
+            dead_lettered: counter("dead_lettered"),
+            expired: counter("expired"),
+            returned: counter("returned"),
+            lateness_p50: percentile(&mut late, 50),
+            lateness_p99: percentile(&mut late, 99),
+        })
+    }
+}
+
+/// A task as its metadata record (`state|due|seq|attempts|token|call|reason`) says.
+fn task_info(
+    id: &str,
+    meta: &str,
+    lease: Option<u64>,
+    payload_len: u64,
+) -> Result<TaskInfo, Error> {
+    let bad = || Error::Corrupt(format!("task {id:?} has a damaged record"));
+    let mut fields = meta.splitn(7, '|');
+    let state = fields.next().ok_or_else(bad)?;
+    let due: u64 = fields.next().and_then(|f| f.parse().ok()).ok_or_else(bad)?;
+    let attempts: u32 = fields.nth(1).and_then(|f| f.parse().ok()).ok_or_else(bad)?;
+    let reason = fields.nth(2).unwrap_or_default().to_owned();
+    let (state, reason) = match state {
+        "i" => (
+            TaskState::InFlight {
+                attempt: attempts,
+                lease_until: system_time(lease.unwrap_or(0)),
+            },
+            None,
+        ),
+        "d" => (
+            TaskState::Dead {
+                reason: reason.clone(),
+            },
+            Some(reason),
+        ),
+        // Pending, or a recurring schedule (`r`; `R` while a worker advances it).
+        _ => (TaskState::Pending, None),
+    };
+    Ok(TaskInfo {
+        id: TaskId::from(id),
+        state,
+        due: system_time(due),
+        attempts,
+        payload_len: usize::try_from(payload_len).unwrap_or(usize::MAX),
+        reason,
+    })
 }
