@@ -246,7 +246,7 @@ pub struct DeadLetter {
 }
 
 /// Configures and opens a [`DurableQueue`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     policy: RetryPolicy,
     lease: Duration,
@@ -255,6 +255,26 @@ pub struct Builder {
     close_timeout: Duration,
     retention: Option<Duration>,
     check_integrity: bool,
+    partitions: usize,
+    replicas: usize,
+    tls_roots: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("policy", &self.policy)
+            .field("lease", &self.lease)
+            .field("prefetch", &self.prefetch)
+            .field("keep_alive", &self.keep_alive)
+            .field("close_timeout", &self.close_timeout)
+            .field("retention", &self.retention)
+            .field("check_integrity", &self.check_integrity)
+            .field("partitions", &self.partitions)
+            .field("replicas", &self.replicas)
+            .field("tls_roots", &self.tls_roots.as_ref().map(Vec::len))
+            .finish()
+    }
 }
 
 impl Default for Builder {
@@ -267,6 +287,9 @@ impl Default for Builder {
             close_timeout: Duration::from_secs(30),
             retention: None,
             check_integrity: false,
+            partitions: 1,
+            replicas: 0,
+            tls_roots: None,
         }
     }
 }
@@ -337,6 +360,40 @@ impl Builder {
         self
     }
 
+    /// Redis: spreads the queue over `n` partitions, each its own hash slot (so, on a cluster,
+    /// over the masters: the slots are chosen evenly over the slot space). A task lives in the
+    /// partition its id hashes to. Due order then holds within a partition (never-early holds
+    /// everywhere), and a worker claims from every partition, each getting first pick in
+    /// turn. Every process of a queue must use the same count (a mismatch is
+    /// [`Error::Invalid`] at connect). Default 1: the layout of a queue without partitions.
+    /// 1 to 256.
+    #[cfg(feature = "redis")]
+    pub fn partitions(mut self, n: usize) -> Builder {
+        self.partitions = n;
+        self
+    }
+
+    /// Redis: every write (`schedule`, `ack`, `retry`, `fail`, `cancel`, …) returns only once
+    /// `n` replicas of its master have it (`WAIT n`), so a failover to one of them loses
+    /// nothing that returned. If they do not within 10 s, the call returns
+    /// [`Error::Unreachable`] — the write is then on the master but may be lost with it.
+    /// Default 0: a write returns once the master has it. Claims are not waited for (a claim
+    /// lost in a failover is delivered again after its lease).
+    #[cfg(feature = "redis")]
+    pub fn replicas(mut self, n: usize) -> Builder {
+        self.replicas = n;
+        self
+    }
+
+    /// Redis over TLS (`rediss://`, feature `redis-tls`): trust these PEM root certificates
+    /// (e.g. a private CA) instead of the system's. Without it, the system's roots are used
+    /// (`SSL_CERT_FILE` is honoured).
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Builder {
+        self.tls_roots = Some(pem.into());
+        self
+    }
+
     fn settings(&self) -> Result<Settings, Error> {
         if self.lease < Duration::from_millis(1) {
             return Err(Error::Invalid(format!(
@@ -378,22 +435,70 @@ impl Builder {
     /// Connects to the Redis server at `url` and opens the queue `name` there, shared with
     /// every other process that opens it (feature `redis`). Connects before it returns.
     ///
-    /// All of the queue's keys carry the hash tag `{name}`, so it is safe on Redis Cluster;
-    /// spread load over several queues. Due times and leases are judged by the server's clock
-    /// (`TIME`), never by a worker's. Commands retry with backoff while the server is
+    /// The URL may carry credentials (`redis://user:password@host:6379/`, an ACL user, or
+    /// `redis://:password@host/` for `requirepass`) and, with feature `redis-tls`, TLS
+    /// (`rediss://host:6380/`; see [`tls_root_certificates`](Builder::tls_root_certificates)).
+    /// Credentials never appear in this crate's `Debug` output, errors or traces.
+    ///
+    /// Every key of the queue carries the hash tag `{name}` (one per partition with
+    /// [`partitions`](Builder::partitions)). Due times and leases are judged by the server's
+    /// clock (`TIME`), never by a worker's. Commands retry with backoff while the server is
     /// unreachable; a retried `ack` is recognised, never applied twice.
     ///
     /// # Errors
     ///
-    /// [`Error::Unreachable`] if it cannot connect, [`Error::Invalid`] for a zero lease,
+    /// [`Error::Unreachable`] if it cannot connect, [`Error::Denied`] at once if the server
+    /// refuses the credentials or the server's certificate is not trusted, [`Error::Invalid`]
+    /// for a bad URL, a zero lease, or a partition count other than the queue's,
     /// [`Error::Closed`] if the wheel has shut down.
     #[cfg(feature = "redis")]
     pub async fn redis(self, url: &str, name: &str, wheel: &Wheel) -> Result<DurableQueue, Error> {
+        self.connect(vec![url.to_owned()], false, name, wheel).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`urls`: one or more, each
+    /// `redis://host:port/` or `rediss://…`) and opens the queue `name` there (feature
+    /// `redis`). The cluster client follows `MOVED` and `ASK` redirections and refreshes its
+    /// slot map, so the queue keeps working through resharding and failover; whichever node
+    /// the URLs name, it reaches the masters that own the queue's slots.
+    ///
+    /// One queue's partition lives on one master; spread a busy queue over the cluster's
+    /// masters with [`partitions`](Builder::partitions).
+    ///
+    /// # Errors
+    ///
+    /// As [`redis`](Builder::redis).
+    #[cfg(feature = "redis")]
+    pub async fn redis_cluster(
+        self,
+        urls: &[&str],
+        name: &str,
+        wheel: &Wheel,
+    ) -> Result<DurableQueue, Error> {
+        let urls = urls.iter().map(|url| (*url).to_owned()).collect();
+        self.connect(urls, true, name, wheel).await
+    }
+
+    #[cfg(feature = "redis")]
+    async fn connect(
+        self,
+        urls: Vec<String>,
+        cluster: bool,
+        name: &str,
+        wheel: &Wheel,
+    ) -> Result<DurableQueue, Error> {
         let settings = self.settings()?;
         if wheel.is_shutdown() {
             return Err(Error::Closed);
         }
-        let (requests, shared) = self::redis::start(url, name, settings, wheel).await?;
+        let target = self::redis::Target {
+            urls,
+            cluster,
+            partitions: self.partitions,
+            replicas: self.replicas,
+            tls_roots: self.tls_roots.clone(),
+        };
+        let (requests, shared) = self::redis::start(target, name, settings, wheel).await?;
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,
