@@ -1,8 +1,11 @@
 //! Durable queue throughput on this machine's disk: schedule with 1 and 64 producers (group
-//! commit), delivery with acks, and restart time with many pending tasks.
+//! commit), delivery with acks, and restart time and memory with big backlogs: a fresh process
+//! opens the store, reads its length and stats, pages through it and takes deliveries, and
+//! reports its open time and peak resident memory.
 //!
 //! Run: `cargo run --release --features durable --example durable_bench` (`-- --quick` for a
-//! small run). Prints a markdown table.
+//! small run; `-- --huge` adds 10^7 small tasks, a few minutes to fill). Prints a markdown
+//! table.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,13 +42,103 @@ async fn schedule_all(
     start.elapsed()
 }
 
+/// Peak resident memory of this process (Linux `VmHWM`), in MiB.
+fn peak_rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb >> 10)
+}
+
+/// In a fresh process: opens the store, uses it, prints `open_ms rss_mib`.
+async fn open_and_measure(path: &str) {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let queue = DurableQueue::open(path, &wheel).await.expect("open");
+    let pending = queue.len().await.expect("len");
+    let open = start.elapsed();
+    let stats = queue.stats().await.expect("stats");
+    assert_eq!(stats.pending as usize, pending);
+    let mut after = None;
+    for _ in 0..20 {
+        let page = queue
+            .list(
+                tokio_wheel::durable::TaskFilter::Pending,
+                after.as_ref(),
+                1_000,
+            )
+            .await
+            .expect("list");
+        after = page.last().map(|t| t.id.clone());
+    }
+    queue.close().await;
+    println!("{} {}", open.as_millis(), peak_rss_mib());
+}
+
+/// Fills a store with `count` tasks of `payload` bytes due in an hour, then measures its
+/// reopening in a child process.
+async fn restart_row(dir: &std::path::Path, wheel: &Wheel, count: usize, payload: usize) {
+    let path = dir.join(format!("restart-{count}-{payload}.redb"));
+    let queue = DurableQueue::open(&path, wheel).await.expect("open");
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..256)
+        .map(|p| {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                for i in (p..count).step_by(256) {
+                    let task = Task::new(vec![0u8; payload]).after(Duration::from_secs(3_600));
+                    queue
+                        .schedule(task.id(format!("{i}")))
+                        .await
+                        .expect("schedule");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("producer");
+    }
+    let fill = start.elapsed();
+    queue.close().await;
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let output = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .arg("--open")
+        .arg(&path)
+        .output()
+        .expect("child");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut fields = text.split_whitespace();
+    let open_ms = fields.next().unwrap_or("?");
+    let rss = fields.next().unwrap_or("?");
+    println!(
+        "| restart: fresh process opens {count} pending tasks of {payload} B ({} MB file; filled at {} tasks/s) | {count} | open {open_ms} ms, peak RSS {rss} MiB |",
+        size / 1_000_000,
+        per_second(count, fill),
+    );
+    std::fs::remove_file(&path).ok();
+}
+
 #[tokio::main]
 async fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let (single, many, deliver, restart) = if quick {
-        (100, 2_000, 2_000, 10_000)
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--open") {
+        return open_and_measure(&args[at + 1]).await;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let huge = args.iter().any(|a| a == "--huge");
+    let (single, many, deliver) = if quick {
+        (100, 2_000, 2_000)
     } else {
-        (500, 20_000, 20_000, 1_000_000)
+        (500, 20_000, 20_000)
+    };
+    let restarts: &[(usize, usize)] = if quick {
+        &[(10_000, 64)]
+    } else if huge {
+        &[(1_000_000, 64), (250_000, 4_096), (10_000_000, 16)]
+    } else {
+        &[(1_000_000, 64), (250_000, 4_096)]
     };
     let dir = tempfile_dir();
     let wheel = Wheel::new();
@@ -101,23 +194,9 @@ async fn main() {
     );
     queue.close().await;
 
-    let path = dir.join("restart.redb");
-    let queue = DurableQueue::open(&path, &wheel).await.expect("open");
-    let fill = schedule_all(&queue, 64, restart / 64, Duration::from_secs(3_600)).await;
-    queue.close().await;
-    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    let start = Instant::now();
-    let queue = DurableQueue::open(&path, &wheel).await.expect("reopen");
-    let pending = queue.len().await.expect("len");
-    let elapsed = start.elapsed();
-    assert_eq!(pending, restart / 64 * 64);
-    println!(
-        "| restart: open + reload with pending tasks ({} MB file; filled at {} tasks/s) | {pending} | {:.2} s |",
-        size / 1_000_000,
-        per_second(pending, fill),
-        elapsed.as_secs_f64()
-    );
-    queue.close().await;
+    for &(count, payload) in restarts {
+        restart_row(&dir, &wheel, count, payload).await;
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -741,7 +741,9 @@ async fn finish_marks_expire_and_memory_returns_to_baseline() {
         }
     };
     tokio::time::sleep(lease * 2).await;
-    settle(&mut connection, 3); // the seq and token counters, the idle-worker set
+    // The seq and token counters, the idle-worker set, the stats counters, the lateness
+    // window (capped at 1000 entries) and the queue's config (its partition count).
+    settle(&mut connection, 6);
     let keys = dbsize(&mut connection);
     let memory = info(&mut connection, "memory", "used_memory");
 

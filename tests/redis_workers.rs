@@ -326,3 +326,98 @@ fn workers_recover_when_the_redis_server_restarts() {
         consumer.abort();
     }
 }
+
+/// Issue 13: three worker processes share recurring schedules (a 100 ms period and a cron
+/// expression with seconds). Each occurrence is made once and first delivered to one worker
+/// only; a worker killed with SIGKILL mid-way does not stop the schedules (its claim on a
+/// schedule runs out with its lease and another worker advances it).
+#[test]
+fn three_workers_deliver_each_recurring_occurrence_once() {
+    let Some(server) = support::redis_server::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let url = server.url();
+    let mut workers = Workers((0..3).map(|i| spawn_worker(&url, &log, i)).collect());
+    let start = Instant::now();
+    while std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("R "))
+        .count()
+        < 3
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "workers did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let wheel = Wheel::new();
+        let queue = DurableQueue::builder()
+            .lease(LEASE)
+            .redis(&url, QUEUE, &wheel)
+            .await
+            .unwrap();
+        queue
+            .schedule_recurring(
+                tokio_wheel::durable::Recurring::every(Duration::from_millis(100)).id("beat"),
+            )
+            .await
+            .unwrap();
+        queue
+            .schedule_recurring(
+                tokio_wheel::durable::Recurring::cron("* * * * * *")
+                    .unwrap()
+                    .id("sec"),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let _ = workers.0[2].kill();
+        let _ = workers.0[2].wait();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(queue.cancel_recurring(&"beat".into()).await.unwrap());
+        assert!(queue.cancel_recurring(&"sec".into()).await.unwrap());
+        // Occurrences already made drain.
+        wait_until_empty(&queue, Duration::from_secs(10)).await;
+    });
+    drop(workers);
+    let (delivered, _) = read_log(&log);
+    let mut first = HashMap::new();
+    for (worker, id, attempt) in &delivered {
+        if *attempt == 1 {
+            assert!(
+                first.insert(id.clone(), *worker).is_none(),
+                "{id} first delivered twice"
+            );
+        }
+    }
+    let times = |schedule: &str| -> Vec<u64> {
+        let mut times: Vec<u64> = first
+            .keys()
+            .filter_map(|id| id.strip_prefix(schedule)?.parse().ok())
+            .collect();
+        times.sort_unstable();
+        times
+    };
+    let beats = times("beat@");
+    let seconds = times("sec@");
+    let workers_used: HashSet<usize> = first.values().copied().collect();
+    eprintln!(
+        "{} beats, {} seconds, delivered by workers {workers_used:?}",
+        beats.len(),
+        seconds.len()
+    );
+    assert!(beats.len() >= 25, "{beats:?}");
+    assert!(
+        beats.windows(2).all(|w| (w[1] - w[0]) % 100 == 0),
+        "{beats:?}"
+    );
+    assert!(seconds.len() >= 4, "{seconds:?}");
+    assert!(seconds.iter().all(|t| t % 1_000 == 0), "{seconds:?}");
+    assert!(workers_used.len() >= 2, "{workers_used:?}");
+}

@@ -25,6 +25,10 @@ pub enum Error {
     InFlight,
     /// A setting or argument is out of range; the message says which and why.
     Invalid(String),
+    /// The server refused this client (wrong user or password, missing permission), or the
+    /// client refused the server (an untrusted or mismatched TLS certificate). Final: retrying
+    /// will not help. The message never contains the credentials.
+    Denied(String),
 }
 
 impl Error {
@@ -36,6 +40,11 @@ impl Error {
     /// Whether the store could not be reached or written: trying again later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Unreachable(_) | Error::Io(_))
+    }
+
+    /// Whether the server refused the credentials, or the client the server's certificate.
+    pub fn is_denied(&self) -> bool {
+        matches!(self, Error::Denied(_))
     }
 
     /// Whether this delivery lost its lease.
@@ -59,6 +68,7 @@ impl fmt::Display for Error {
             }
             Error::InFlight => f.write_str("the task is being delivered and cannot be replaced"),
             Error::Invalid(why) => write!(f, "invalid durable queue setting: {why}"),
+            Error::Denied(why) => write!(f, "the task store refused the connection: {why}"),
         }
     }
 }

@@ -68,10 +68,13 @@
 
 mod engine;
 mod error;
+mod inspect;
 mod policy;
+mod recurring;
 #[cfg(feature = "redis")]
 mod redis;
 pub mod store;
+mod tasks;
 
 use std::fmt;
 use std::path::Path;
@@ -86,7 +89,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::engine::{Consumer, Engine, Request, Settings};
 pub use self::error::Error;
+pub use self::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState};
 pub use self::policy::RetryPolicy;
+pub use self::recurring::{CatchUp, MAX_CATCH_UP, Recurring};
 use self::store::{RedbStore, Store};
 use crate::Wheel;
 
@@ -222,6 +227,10 @@ impl Task {
     }
 }
 
+/// The most entries one page of [`DurableQueue::list`] or [`DurableQueue::dead_letters_page`]
+/// returns.
+pub const PAGE_LIMIT: usize = 1000;
+
 /// A task that was given up on: retried on its last attempt, failed, or out of leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -237,13 +246,35 @@ pub struct DeadLetter {
 }
 
 /// Configures and opens a [`DurableQueue`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Builder {
     policy: RetryPolicy,
     lease: Duration,
     prefetch: usize,
     keep_alive: bool,
     close_timeout: Duration,
+    retention: Option<Duration>,
+    check_integrity: bool,
+    partitions: usize,
+    replicas: usize,
+    tls_roots: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("policy", &self.policy)
+            .field("lease", &self.lease)
+            .field("prefetch", &self.prefetch)
+            .field("keep_alive", &self.keep_alive)
+            .field("close_timeout", &self.close_timeout)
+            .field("retention", &self.retention)
+            .field("check_integrity", &self.check_integrity)
+            .field("partitions", &self.partitions)
+            .field("replicas", &self.replicas)
+            .field("tls_roots", &self.tls_roots.as_ref().map(Vec::len))
+            .finish()
+    }
 }
 
 impl Default for Builder {
@@ -254,6 +285,11 @@ impl Default for Builder {
             prefetch: 16,
             keep_alive: false,
             close_timeout: Duration::from_secs(30),
+            retention: None,
+            check_integrity: false,
+            partitions: 1,
+            replicas: 0,
+            tls_roots: None,
         }
     }
 }
@@ -304,6 +340,60 @@ impl Builder {
         self
     }
 
+    /// Purges dead letters older than `retention` (by the time they died, on the store's
+    /// clock) on their own, in bounded batches, checking every `retention / 4` (between
+    /// 10 ms and 1 minute). Off by default: dead letters stay until redriven or purged with
+    /// [`DurableQueue::purge_dead`]. On Redis every handle with a retention purges.
+    pub fn dead_letter_retention(mut self, retention: Duration) -> Builder {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// Embedded store: verify the checksum of every page when opening (redb's integrity
+    /// check). Off by default, because it reads the whole file: opening then takes time in
+    /// proportion to the file's size, payloads included. Without it, opening reads nothing
+    /// but the tasks a previous holder left in flight; redb still checks and repairs a file
+    /// after a crash on its own. Turn it on if the file may be changed behind the queue's
+    /// back; a damaged file is then [`Error::Corrupt`] at open rather than later.
+    pub fn check_integrity(mut self, on: bool) -> Builder {
+        self.check_integrity = on;
+        self
+    }
+
+    /// Redis: spreads the queue over `n` partitions, each its own hash slot (so, on a cluster,
+    /// over the masters: the slots are chosen evenly over the slot space). A task lives in the
+    /// partition its id hashes to. Due order then holds within a partition (never-early holds
+    /// everywhere), and a worker claims from every partition, each getting first pick in
+    /// turn. Every process of a queue must use the same count (a mismatch is
+    /// [`Error::Invalid`] at connect). Default 1: the layout of a queue without partitions.
+    /// 1 to 256.
+    #[cfg(feature = "redis")]
+    pub fn partitions(mut self, n: usize) -> Builder {
+        self.partitions = n;
+        self
+    }
+
+    /// Redis: every write (`schedule`, `ack`, `retry`, `fail`, `cancel`, …) returns only once
+    /// `n` replicas of its master have it (`WAIT n`), so a failover to one of them loses
+    /// nothing that returned. If they do not within 10 s, the call returns
+    /// [`Error::Unreachable`] — the write is then on the master but may be lost with it.
+    /// Default 0: a write returns once the master has it. Claims are not waited for (a claim
+    /// lost in a failover is delivered again after its lease).
+    #[cfg(feature = "redis")]
+    pub fn replicas(mut self, n: usize) -> Builder {
+        self.replicas = n;
+        self
+    }
+
+    /// Redis over TLS (`rediss://`, feature `redis-tls`): trust these PEM root certificates
+    /// (e.g. a private CA) instead of the system's. Without it, the system's roots are used
+    /// (`SSL_CERT_FILE` is honoured).
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Builder {
+        self.tls_roots = Some(pem.into());
+        self
+    }
+
     fn settings(&self) -> Result<Settings, Error> {
         if self.lease < Duration::from_millis(1) {
             return Err(Error::Invalid(format!(
@@ -316,6 +406,7 @@ impl Builder {
             lease: self.lease,
             keep_alive: self.keep_alive,
             close_timeout: self.close_timeout,
+            retention: self.retention,
         })
     }
 
@@ -329,31 +420,85 @@ impl Builder {
     pub async fn open(self, path: impl AsRef<Path>, wheel: &Wheel) -> Result<DurableQueue, Error> {
         self.settings()?;
         let path = path.as_ref().to_owned();
-        let store = tokio::task::spawn_blocking(move || RedbStore::open(path))
-            .await
-            .map_err(|e| Error::Io(format!("opening the store panicked: {e}")))??;
+        let verify = self.check_integrity;
+        let store = tokio::task::spawn_blocking(move || {
+            let mut store = RedbStore::open_checked(path, verify)?;
+            tasks::migrate_legacy(&mut store, engine::now_ms())?;
+            Ok::<_, Error>(store)
+        })
+        .await
+        // redb may panic on a file changed behind its back: that file is not a store.
+        .map_err(|e| Error::Corrupt(format!("opening the store panicked: {e}")))??;
         self.open_with_store(store, wheel).await
     }
 
     /// Connects to the Redis server at `url` and opens the queue `name` there, shared with
     /// every other process that opens it (feature `redis`). Connects before it returns.
     ///
-    /// All of the queue's keys carry the hash tag `{name}`, so it is safe on Redis Cluster;
-    /// spread load over several queues. Due times and leases are judged by the server's clock
-    /// (`TIME`), never by a worker's. Commands retry with backoff while the server is
+    /// The URL may carry credentials (`redis://user:password@host:6379/`, an ACL user, or
+    /// `redis://:password@host/` for `requirepass`) and, with feature `redis-tls`, TLS
+    /// (`rediss://host:6380/`; see [`tls_root_certificates`](Builder::tls_root_certificates)).
+    /// Credentials never appear in this crate's `Debug` output, errors or traces.
+    ///
+    /// Every key of the queue carries the hash tag `{name}` (one per partition with
+    /// [`partitions`](Builder::partitions)). Due times and leases are judged by the server's
+    /// clock (`TIME`), never by a worker's. Commands retry with backoff while the server is
     /// unreachable; a retried `ack` is recognised, never applied twice.
     ///
     /// # Errors
     ///
-    /// [`Error::Unreachable`] if it cannot connect, [`Error::Invalid`] for a zero lease,
+    /// [`Error::Unreachable`] if it cannot connect, [`Error::Denied`] at once if the server
+    /// refuses the credentials or the server's certificate is not trusted, [`Error::Invalid`]
+    /// for a bad URL, a zero lease, or a partition count other than the queue's,
     /// [`Error::Closed`] if the wheel has shut down.
     #[cfg(feature = "redis")]
     pub async fn redis(self, url: &str, name: &str, wheel: &Wheel) -> Result<DurableQueue, Error> {
+        self.connect(vec![url.to_owned()], false, name, wheel).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`urls`: one or more, each
+    /// `redis://host:port/` or `rediss://…`) and opens the queue `name` there (feature
+    /// `redis`). The cluster client follows `MOVED` and `ASK` redirections and refreshes its
+    /// slot map, so the queue keeps working through resharding and failover; whichever node
+    /// the URLs name, it reaches the masters that own the queue's slots.
+    ///
+    /// One queue's partition lives on one master; spread a busy queue over the cluster's
+    /// masters with [`partitions`](Builder::partitions).
+    ///
+    /// # Errors
+    ///
+    /// As [`redis`](Builder::redis).
+    #[cfg(feature = "redis")]
+    pub async fn redis_cluster(
+        self,
+        urls: &[&str],
+        name: &str,
+        wheel: &Wheel,
+    ) -> Result<DurableQueue, Error> {
+        let urls = urls.iter().map(|url| (*url).to_owned()).collect();
+        self.connect(urls, true, name, wheel).await
+    }
+
+    #[cfg(feature = "redis")]
+    async fn connect(
+        self,
+        urls: Vec<String>,
+        cluster: bool,
+        name: &str,
+        wheel: &Wheel,
+    ) -> Result<DurableQueue, Error> {
         let settings = self.settings()?;
         if wheel.is_shutdown() {
             return Err(Error::Closed);
         }
-        let (requests, shared) = self::redis::start(url, name, settings, wheel).await?;
+        let target = self::redis::Target {
+            urls,
+            cluster,
+            partitions: self.partitions,
+            replicas: self.replicas,
+            tls_roots: self.tls_roots.clone(),
+        };
+        let (requests, shared) = self::redis::start(target, name, settings, wheel).await?;
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,
@@ -525,8 +670,9 @@ impl DurableQueue {
         Ok(self.len().await? == 0)
     }
 
-    /// The dead letters, oldest schedule first. On Redis they are read in pages of 1000, so
-    /// a long list never blocks the server.
+    /// Every dead letter with its payload, in the order they died. This reads the whole set
+    /// (in pages of 1000 on Redis, so the server is never blocked): prefer
+    /// [`dead_letters_page`](DurableQueue::dead_letters_page) for long lists.
     ///
     /// # Errors
     ///
@@ -552,6 +698,147 @@ impl DurableQueue {
         }
         let id = id.as_str().to_owned();
         self.ask(|reply| Request::Redrive(id, reply)).await
+    }
+
+    /// One task as the store holds it (without its payload), or `None` if there is no task
+    /// of that id. A recurring schedule shows as pending at its next occurrence.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn get(&self, id: &TaskId) -> Result<Option<TaskInfo>, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.get(id.as_str()).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::Get(id, reply)).await
+    }
+
+    /// A page of at most `limit` tasks (capped at [`PAGE_LIMIT`]) in one state, after the
+    /// task `after` (from the start if `None`): pending tasks in due order (ties in schedule
+    /// order), in-flight tasks in order of lease end, dead letters in the order they died.
+    /// Pass the last id of a page as `after` to get the next one; an empty page is the end.
+    ///
+    /// Each page is one bounded read (on Redis, `ZRANK` and `ZRANGE … LIMIT` on the index:
+    /// never the whole set). The list is live: a task that moves between pages may be missed
+    /// or seen twice.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] if `after` is no longer in that state (list again from the start),
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn list(
+        &self,
+        filter: TaskFilter,
+        after: Option<&TaskId>,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, Error> {
+        let limit = limit.min(PAGE_LIMIT);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.list(filter, after.map(TaskId::as_str), limit).await;
+        }
+        let after = after.map(|id| id.as_str().to_owned());
+        self.ask(|reply| Request::List(filter, after, limit, reply))
+            .await
+    }
+
+    /// A page of at most `limit` dead letters (capped at [`PAGE_LIMIT`]) with their
+    /// payloads, in the order they died, after the dead letter `after`.
+    ///
+    /// # Errors
+    ///
+    /// As [`list`](DurableQueue::list).
+    pub async fn dead_letters_page(
+        &self,
+        after: Option<&TaskId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        let limit = limit.min(PAGE_LIMIT);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis
+                .dead_letters_page(after.map(TaskId::as_str), limit)
+                .await;
+        }
+        let after = after.map(|id| id.as_str().to_owned());
+        self.ask(|reply| Request::DeadPage(after, limit, reply))
+            .await
+    }
+
+    /// Deletes the dead letters that died more than `older_than` ago (by the store's clock),
+    /// in bounded batches; returns how many. `Duration::ZERO` purges them all.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn purge_dead(&self, older_than: Duration) -> Result<u64, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.purge_dead(delay_ms(older_than)).await;
+        }
+        let before_ms = if older_than.is_zero() {
+            u64::MAX
+        } else {
+            engine::now_ms().saturating_sub(delay_ms(older_than))
+        };
+        self.ask(|reply| Request::Purge {
+            before_ms,
+            removed: 0,
+            reply: Some(reply),
+        })
+        .await
+    }
+
+    /// The queue's counts and counters (see [`QueueStats`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn stats(&self) -> Result<QueueStats, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.stats().await;
+        }
+        self.ask(Request::Stats).await
+    }
+
+    /// Stores a recurring schedule and returns its id once it is durable. Each occurrence is
+    /// delivered once, as an ordinary [`Delivery`] with the id `"{id}@{ms}"` whose
+    /// [`due`](Delivery::due) is the occurrence's time, across every worker and restart (see
+    /// [`Recurring`]). Declaring the same id with the same definition again keeps the
+    /// schedule as it is, so every process may declare its schedules at start-up.
+    ///
+    /// Occurrences are made when a consumer claims: a queue nobody consumes makes none, and
+    /// those it missed are caught up by the [`CatchUp`] rule when consuming starts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a period under 1 ms, [`Error::InFlight`] if a task of that id
+    /// is being delivered, [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn schedule_recurring(&self, recurring: Recurring) -> Result<TaskId, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.schedule_recurring(recurring).await;
+        }
+        self.ask(|reply| Request::ScheduleRecurring(recurring, reply))
+            .await
+    }
+
+    /// Removes a recurring schedule: `Ok(true)` if there was one. Occurrences already made
+    /// stay (cancel them as tasks).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn cancel_recurring(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "uncron", 0).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::CancelRecurring(id, reply)).await
     }
 
     /// A stream of due tasks. Tasks are claimed only while a stream is polled, at most the
@@ -855,7 +1142,7 @@ impl Delivery {
                 return Err(Error::Closed);
             }
             let held = shared
-                .extend(&[(self.id.as_str().to_owned(), self.token)], duration)
+                .extend(&[(self.id.as_str().to_owned(), self.token)], duration, true)
                 .await?;
             return if held == 1 {
                 Ok(())

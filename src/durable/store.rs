@@ -1,84 +1,131 @@
 //! Where durable tasks live: the [`Store`] trait, the embedded [`RedbStore`] and the
 //! [`MemoryStore`] for tests.
 //!
-//! A store is a durable map from task id to [`StoredTask`]. The queue keeps its working state
-//! in memory and writes every change through [`Store::apply`] in batches — one transaction per
-//! batch, so many concurrent `schedule` calls share one fsync (group commit).
+//! A store is a handful of ordered byte-keyed [`Table`]s with transactions. The queue keeps
+//! its tasks *in the store*, not in memory: the records, the payloads and the indexes it
+//! pages through (pending tasks by due time, dead letters by time of death, tasks in flight)
+//! are all tables. An open queue holds in memory only what its process has in flight, so its
+//! memory does not grow with the backlog, and opening it reads nothing but the tasks a
+//! previous holder left in flight.
+//!
+//! Every change the queue makes in one step goes through one [`Store::transact`] call (one
+//! transaction, one fsync on redb), so many concurrent `schedule` calls share one commit
+//! (group commit).
+//!
+//! Implementing a store: keep each table's entries ordered by key bytes, and make
+//! [`Store::transact`] all or nothing (the queue relies on a failed transaction leaving no
+//! trace). [`MemoryStore`] is a complete example in a few dozen lines.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use super::Error;
 
-/// Where a task is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskState {
-    /// Waiting for its due time.
+/// The tables of a store. Keys and values are opaque bytes to the store; the queue defines
+/// their layout (the format is versioned in [`Table::Meta`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// Task id → the task's record (state, due time, attempts, reason…), without its payload.
+    Records,
+    /// Task id → payload, read only when the task is handed out or inspected.
+    Payloads,
+    /// Due time and schedule order → id: the pending tasks, in delivery order.
     Pending,
-    /// Handed to a consumer, under a lease.
-    InFlight,
-    /// Given up on: in the dead letters.
+    /// Time of death and schedule order → id: the dead letters, oldest first.
     Dead,
+    /// Task id → nothing: the tasks handed out and not yet finished.
+    InFlight,
+    /// Name → value: the format version, the schedule counter, the queue's counters.
+    Meta,
 }
 
-/// A task as the store keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredTask {
-    /// The task's id.
-    pub id: String,
-    /// The opaque payload.
-    pub payload: Vec<u8>,
-    /// Due time, milliseconds since the Unix epoch.
-    pub due_ms: u64,
-    /// Schedule order, for ties in due time.
-    pub seq: u64,
-    /// Deliveries so far.
-    pub attempts: u32,
-    /// Pending, in flight or dead.
-    pub state: TaskState,
-    /// For an in-flight task: when its lease ends, milliseconds since the Unix epoch.
-    pub lease_until_ms: u64,
-    /// For a dead task: why.
-    pub reason: String,
+impl Table {
+    /// Every table, in a fixed order.
+    pub const ALL: [Table; 6] = [
+        Table::Records,
+        Table::Payloads,
+        Table::Pending,
+        Table::Dead,
+        Table::InFlight,
+        Table::Meta,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
 }
 
-/// One change to a store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mutation {
-    /// Insert or replace the task.
-    Put(StoredTask),
-    /// Delete the task with this id.
-    Delete(String),
+/// Entries of a table, in key order: `(key, value)`.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The operations of one transaction, as [`Store::transact`] hands them to the queue.
+pub trait Transaction {
+    /// The value under `key`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] for a failed read.
+    fn get(&mut self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;
+
+    /// Sets `key` to `value`, replacing any value.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] for a failed write.
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), Error>;
+
+    /// Removes `key` (nothing if absent).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] for a failed write.
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), Error>;
+
+    /// Up to `limit` entries in key order: from the first, or from the first key after
+    /// `after` (exclusive).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] for a failed read.
+    fn range(&mut self, table: Table, after: Option<&[u8]>, limit: usize)
+    -> Result<Entries, Error>;
+
+    /// How many entries the table holds (in constant time: the queue asks often).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] for a failed read.
+    fn len(&mut self, table: Table) -> Result<u64, Error>;
 }
+
+/// The work of one transaction: the queue's step, run against the store's tables.
+pub type Work<'w> = dyn FnMut(&mut dyn Transaction) -> Result<(), Error> + 'w;
 
 /// A durable home for tasks. Implementations are used from one thread at a time (the queue's
 /// engine, through `spawn_blocking`), so they may block.
 pub trait Store: Send + 'static {
-    /// Every task in the store.
+    /// Runs `work` in one transaction. If `work` returns `Ok`, commits: when this returns
+    /// `Ok`, every change survives a crash. If `work` (or the commit) fails, none of its
+    /// changes take effect and this returns the error.
     ///
     /// # Errors
     ///
-    /// [`Error::Corrupt`] for unreadable contents, [`Error::Io`] for failed reads.
-    fn load(&mut self) -> Result<Vec<StoredTask>, Error>;
-
-    /// Applies the mutations atomically and durably: when this returns `Ok`, they survive a
-    /// crash; when it returns `Err`, none of them took effect.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Io`] when the transaction could not be committed.
-    fn apply(&mut self, mutations: &[Mutation]) -> Result<(), Error>;
+    /// What `work` returned, or [`Error::Io`] when the transaction could not be committed.
+    fn transact(&mut self, work: &mut Work<'_>) -> Result<(), Error>;
 }
 
 /// A store in memory: for tests, and for queues that need the API without durability.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
-    tasks: Arc<Mutex<HashMap<String, StoredTask>>>,
+    tables: Arc<Mutex<[MemoryTable; 6]>>,
 }
+
+type MemoryTable = BTreeMap<Vec<u8>, Vec<u8>>;
 
 impl MemoryStore {
     /// An empty store. Clones share their contents, so a test can "restart" a queue on one.
@@ -87,40 +134,96 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn load(&mut self) -> Result<Vec<StoredTask>, Error> {
-        Ok(self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect())
+/// A transaction on a [`MemoryStore`]: changes apply at once and are undone from a log if the
+/// work fails.
+struct MemoryTransaction<'a> {
+    tables: &'a mut [MemoryTable; 6],
+    undo: Vec<(Table, Vec<u8>, Option<Vec<u8>>)>,
+}
+
+impl Transaction for MemoryTransaction<'_> {
+    fn get(&mut self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.tables[table.index()].get(key).cloned())
     }
 
-    fn apply(&mut self, mutations: &[Mutation]) -> Result<(), Error> {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        for mutation in mutations {
-            match mutation {
-                Mutation::Put(task) => {
-                    tasks.insert(task.id.clone(), task.clone());
-                }
-                Mutation::Delete(id) => {
-                    tasks.remove(id);
-                }
-            }
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        let old = self.tables[table.index()].insert(key.to_vec(), value.to_vec());
+        self.undo.push((table, key.to_vec(), old));
+        Ok(())
+    }
+
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), Error> {
+        if let Some(old) = self.tables[table.index()].remove(key) {
+            self.undo.push((table, key.to_vec(), Some(old)));
         }
         Ok(())
     }
+
+    fn range(
+        &mut self,
+        table: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Entries, Error> {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(self.tables[table.index()]
+            .range::<[u8], _>((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn len(&mut self, table: Table) -> Result<u64, Error> {
+        Ok(self.tables[table.index()].len() as u64)
+    }
 }
 
-const TASKS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("tasks");
+impl Store for MemoryStore {
+    fn transact(&mut self, work: &mut Work<'_>) -> Result<(), Error> {
+        let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        let mut transaction = MemoryTransaction {
+            tables: &mut tables,
+            undo: Vec::new(),
+        };
+        let result = work(&mut transaction);
+        if result.is_err() {
+            while let Some((table, key, old)) = transaction.undo.pop() {
+                let map = &mut transaction.tables[table.index()];
+                match old {
+                    Some(value) => map.insert(key, value),
+                    None => map.remove(&key),
+                };
+            }
+        }
+        result
+    }
+}
+
+type RedbTable = TableDefinition<'static, &'static [u8], &'static [u8]>;
+
+const REDB_TABLES: [RedbTable; 6] = [
+    TableDefinition::new("records"),
+    TableDefinition::new("payloads"),
+    TableDefinition::new("pending"),
+    TableDefinition::new("dead"),
+    TableDefinition::new("inflight"),
+    TableDefinition::new("meta"),
+];
+
+/// The table of the first format (one record with its payload per task), read once to
+/// migrate a store written by an earlier version.
+pub(crate) const LEGACY_TASKS: TableDefinition<'static, &'static str, &'static [u8]> =
+    TableDefinition::new("tasks");
+
+/// redb's page cache: what the store may keep of the file in memory. Small, so an open queue's
+/// memory stays bounded whatever the backlog (hot pages — the heads of the indexes — stay).
+const CACHE_BYTES: usize = 32 << 20;
 
 /// The embedded store: one [redb](https://docs.rs/redb) file.
 ///
 /// Opening takes the file's lock; a second open, in this process or another, fails with
 /// [`Error::Locked`]. A file that is not a task store is reported as [`Error::Corrupt`] and
-/// left untouched; an empty file becomes a new store.
+/// left untouched; an empty file becomes a new store. redb's page cache is limited to 32 MiB.
 pub struct RedbStore {
     database: Database,
     /// Removes the path from the in-process registry when dropped.
@@ -153,13 +256,30 @@ impl Drop for PathClaim {
     }
 }
 
+fn io(error: impl fmt::Display) -> Error {
+    Error::Io(error.to_string())
+}
+
 impl RedbStore {
-    /// Opens (or creates) the store at `path`. Blocks on file I/O.
+    /// Opens (or creates) the store at `path`. Blocks on file I/O. Reads nothing but redb's
+    /// header and table roots: the cost does not grow with the backlog (after a crash, redb
+    /// itself first checks and repairs the file).
     ///
     /// # Errors
     ///
     /// [`Error::Locked`], [`Error::Corrupt`] or [`Error::Io`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        RedbStore::open_checked(path, false)
+    }
+
+    /// Opens the store at `path`, first verifying the checksum of every page if `verify`
+    /// (redb's integrity check: reads the whole file, so it takes time in proportion to its
+    /// size; a file changed behind redb's back is then reported as [`Error::Corrupt`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Locked`], [`Error::Corrupt`] or [`Error::Io`].
+    pub fn open_checked(path: impl AsRef<Path>, verify: bool) -> Result<Self, Error> {
         let path = path.as_ref();
         // Canonicalize through the parent so a file that does not exist yet still has one name.
         let parent = path
@@ -182,20 +302,54 @@ impl RedbStore {
         }
         let claim = PathClaim(canonical);
         let database = redb::Builder::new()
-            .set_check_integrity_on_open(true)
+            .set_check_integrity_on_open(verify)
+            .set_cache_size(CACHE_BYTES)
             .create(path)
             .map_err(database_error)?;
-        let write = database
-            .begin_write()
-            .map_err(|e| Error::Io(e.to_string()))?;
-        write
-            .open_table(TASKS)
-            .map_err(|e| Error::Corrupt(e.to_string()))?;
-        write.commit().map_err(|e| Error::Io(e.to_string()))?;
+        let write = database.begin_write().map_err(io)?;
+        for table in REDB_TABLES {
+            write
+                .open_table(table)
+                .map_err(|e| Error::Corrupt(e.to_string()))?;
+        }
+        write.commit().map_err(io)?;
         Ok(RedbStore {
             database,
             _claim: claim,
         })
+    }
+
+    /// The records of the first format, if the file has any: `(id, record)` pages of up to
+    /// `limit`, from after `after`. Used once, to migrate them.
+    pub(crate) fn legacy_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        use redb::ReadableDatabase;
+        let read = self.database.begin_read().map_err(io)?;
+        let table = match read.open_table(LEGACY_TASKS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(Error::Corrupt(e.to_string())),
+        };
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut page = Vec::new();
+        for entry in table.range::<&str>((start, Bound::Unbounded)).map_err(io)? {
+            let (id, record) = entry.map_err(io)?;
+            page.push((id.value().to_owned(), record.value().to_vec()));
+            if page.len() == limit {
+                break;
+            }
+        }
+        Ok(page)
+    }
+
+    /// Drops the first format's table once its records were migrated.
+    pub(crate) fn drop_legacy(&self) -> Result<(), Error> {
+        let write = self.database.begin_write().map_err(io)?;
+        write.delete_table(LEGACY_TASKS).map_err(io)?;
+        write.commit().map_err(io)
     }
 }
 
@@ -215,143 +369,85 @@ fn database_error(error: redb::DatabaseError) -> Error {
     }
 }
 
-impl Store for RedbStore {
-    fn load(&mut self) -> Result<Vec<StoredTask>, Error> {
-        use redb::ReadableDatabase;
-        let read = self
-            .database
-            .begin_read()
-            .map_err(|e| Error::Io(e.to_string()))?;
-        let table = read
-            .open_table(TASKS)
-            .map_err(|e| Error::Corrupt(e.to_string()))?;
-        let mut tasks = Vec::new();
-        for entry in table.iter().map_err(|e| Error::Io(e.to_string()))? {
-            let (id, record) = entry.map_err(|e| Error::Io(e.to_string()))?;
-            tasks.push(decode(id.value(), record.value())?);
-        }
-        Ok(tasks)
+/// A transaction on a [`RedbStore`]: redb's write transaction with every table open.
+struct RedbTransaction<'t> {
+    tables: Vec<redb::Table<'t, &'static [u8], &'static [u8]>>,
+    /// Whether anything was written: a transaction that only read is aborted, not committed.
+    dirty: bool,
+}
+
+impl Transaction for RedbTransaction<'_> {
+    fn get(&mut self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.tables[table.index()]
+            .get(key)
+            .map_err(io)?
+            .map(|value| value.value().to_vec()))
     }
 
-    fn apply(&mut self, mutations: &[Mutation]) -> Result<(), Error> {
-        let write = self
-            .database
-            .begin_write()
-            .map_err(|e| Error::Io(e.to_string()))?;
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        self.dirty = true;
+        self.tables[table.index()].insert(key, value).map_err(io)?;
+        Ok(())
+    }
+
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), Error> {
+        self.dirty = true;
+        self.tables[table.index()].remove(key).map_err(io)?;
+        Ok(())
+    }
+
+    fn range(
+        &mut self,
+        table: Table,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Entries, Error> {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut page = Vec::new();
+        if limit == 0 {
+            return Ok(page);
+        }
+        for entry in self.tables[table.index()]
+            .range::<&[u8]>((start, Bound::Unbounded))
+            .map_err(io)?
         {
-            let mut table = write
-                .open_table(TASKS)
-                .map_err(|e| Error::Io(e.to_string()))?;
-            let mut buffer = Vec::new();
-            for mutation in mutations {
-                match mutation {
-                    Mutation::Put(task) => {
-                        encode(task, &mut buffer);
-                        table
-                            .insert(task.id.as_str(), buffer.as_slice())
-                            .map_err(|e| Error::Io(e.to_string()))?;
-                    }
-                    Mutation::Delete(id) => {
-                        table
-                            .remove(id.as_str())
-                            .map_err(|e| Error::Io(e.to_string()))?;
-                    }
-                }
+            let (key, value) = entry.map_err(io)?;
+            page.push((key.value().to_vec(), value.value().to_vec()));
+            if page.len() == limit {
+                break;
             }
         }
-        write.commit().map_err(|e| Error::Io(e.to_string()))
+        Ok(page)
+    }
+
+    fn len(&mut self, table: Table) -> Result<u64, Error> {
+        self.tables[table.index()].len().map_err(io)
     }
 }
 
-/// Record layout, version 1: `[1][state][due u64][seq u64][attempts u32][lease u64]
-/// [reason length u32][reason][payload]`, integers little-endian.
-const RECORD_VERSION: u8 = 1;
-const HEADER: usize = 1 + 1 + 8 + 8 + 4 + 8 + 4;
-
-fn encode(task: &StoredTask, buffer: &mut Vec<u8>) {
-    buffer.clear();
-    buffer.push(RECORD_VERSION);
-    buffer.push(match task.state {
-        TaskState::Pending => 0,
-        TaskState::InFlight => 1,
-        TaskState::Dead => 2,
-    });
-    buffer.extend_from_slice(&task.due_ms.to_le_bytes());
-    buffer.extend_from_slice(&task.seq.to_le_bytes());
-    buffer.extend_from_slice(&task.attempts.to_le_bytes());
-    buffer.extend_from_slice(&task.lease_until_ms.to_le_bytes());
-    buffer.extend_from_slice(&(task.reason.len() as u32).to_le_bytes());
-    buffer.extend_from_slice(task.reason.as_bytes());
-    buffer.extend_from_slice(&task.payload);
-}
-
-fn decode(id: &str, record: &[u8]) -> Result<StoredTask, Error> {
-    let corrupt = |why: &str| Error::Corrupt(format!("task {id:?}: {why}"));
-    if record.len() < HEADER || record[0] != RECORD_VERSION {
-        return Err(corrupt("unknown record format"));
-    }
-    let u64_at = |at: usize| u64::from_le_bytes(record[at..at + 8].try_into().expect("8 bytes"));
-    let u32_at = |at: usize| u32::from_le_bytes(record[at..at + 4].try_into().expect("4 bytes"));
-    let state = match record[1] {
-        0 => TaskState::Pending,
-        1 => TaskState::InFlight,
-        2 => TaskState::Dead,
-        _ => return Err(corrupt("unknown state")),
-    };
-    let reason_len = u32_at(30) as usize;
-    let reason = record
-        .get(HEADER..HEADER + reason_len)
-        .ok_or_else(|| corrupt("truncated reason"))?;
-    Ok(StoredTask {
-        id: id.to_owned(),
-        state,
-        due_ms: u64_at(2),
-        seq: u64_at(10),
-        attempts: u32_at(18),
-        lease_until_ms: u64_at(22),
-        reason: String::from_utf8_lossy(reason).into_owned(),
-        payload: record[HEADER + reason_len..].to_vec(),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn task(id: &str, state: TaskState) -> StoredTask {
-        StoredTask {
-            id: id.into(),
-            payload: b"payload".to_vec(),
-            due_ms: 1_700_000_000_000,
-            seq: 42,
-            attempts: 3,
-            state,
-            lease_until_ms: 99,
-            reason: "because".into(),
+impl Store for RedbStore {
+    fn transact(&mut self, work: &mut Work<'_>) -> Result<(), Error> {
+        let write = self.database.begin_write().map_err(io)?;
+        let dirty = {
+            let mut tables = Vec::with_capacity(REDB_TABLES.len());
+            for table in REDB_TABLES {
+                tables.push(write.open_table(table).map_err(io)?);
+            }
+            let mut transaction = RedbTransaction {
+                tables,
+                dirty: false,
+            };
+            if let Err(error) = work(&mut transaction) {
+                drop(transaction);
+                let _ = write.abort();
+                return Err(error);
+            }
+            transaction.dirty
+        };
+        if dirty {
+            write.commit().map_err(io)
+        } else {
+            write.abort().map_err(io)
         }
-    }
-
-    #[test]
-    fn records_round_trip() {
-        for state in [TaskState::Pending, TaskState::InFlight, TaskState::Dead] {
-            let original = task("t-1", state);
-            let mut buffer = Vec::new();
-            encode(&original, &mut buffer);
-            assert_eq!(decode("t-1", &buffer).unwrap(), original);
-        }
-    }
-
-    #[test]
-    fn damaged_records_are_corrupt_not_panics() {
-        let mut buffer = Vec::new();
-        encode(&task("t", TaskState::Pending), &mut buffer);
-        for cut in 0..HEADER {
-            assert!(matches!(
-                decode("t", &buffer[..cut]),
-                Err(Error::Corrupt(_))
-            ));
-        }
-        buffer[1] = 9;
-        assert!(matches!(decode("t", &buffer), Err(Error::Corrupt(_))));
     }
 }

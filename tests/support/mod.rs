@@ -74,4 +74,6 @@ pub fn assert_sync<T: Sync>() {}
 /// Asserts at compile time that a type is `Unpin`.
 pub fn assert_unpin<T: Unpin>() {}
 pub mod proxy;
+#[cfg(feature = "redis")]
+pub mod redis_cluster;
 pub mod redis_server;
