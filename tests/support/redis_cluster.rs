@@ -71,6 +71,16 @@ impl Node {
     }
 }
 
+/// One line of `CLUSTER NODES`.
+struct Row {
+    port: u16,
+    master: bool,
+    /// A replica's master (its node id).
+    of: Option<String>,
+    /// The slot ranges a master serves.
+    slots: Vec<(u16, u16)>,
+}
+
 pub struct Cluster {
     pub nodes: Vec<Node>,
 }
@@ -184,9 +194,8 @@ impl Cluster {
         }
     }
 
-    /// `CLUSTER NODES` as seen from a running node: (port, is master, master's port for a
-    /// replica, slot ranges) of each node that is connected.
-    fn topology(&self) -> Vec<(u16, bool, Option<String>, Vec<(u16, u16)>)> {
+    /// `CLUSTER NODES` as seen from a running node: each node that is connected.
+    fn topology(&self) -> Vec<Row> {
         let node = self.nodes.iter().find(|n| n.is_running()).expect("a node");
         let text: String = redis::cmd("CLUSTER")
             .arg("NODES")
@@ -213,7 +222,12 @@ impl Cluster {
                     Some((a.parse().ok()?, b.parse().ok()?))
                 })
                 .collect();
-            rows.push((port, master, of, slots));
+            rows.push(Row {
+                port,
+                master,
+                of,
+                slots,
+            });
         }
         rows
     }
@@ -222,8 +236,8 @@ impl Cluster {
     pub fn masters(&self) -> Vec<u16> {
         self.topology()
             .into_iter()
-            .filter(|(_, master, _, slots)| *master && !slots.is_empty())
-            .map(|(port, ..)| port)
+            .filter(|row| row.master && !row.slots.is_empty())
+            .map(|row| row.port)
             .collect()
     }
 
@@ -235,10 +249,8 @@ impl Cluster {
             let found = self
                 .topology()
                 .into_iter()
-                .find(|(_, master, _, slots)| {
-                    *master && slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
-                })
-                .map(|(port, ..)| port);
+                .find(|row| row.master && row.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+                .map(|row| row.port);
             if let Some(port) = found {
                 return port;
             }
@@ -272,8 +284,8 @@ impl Cluster {
         };
         let master_id = id_of(port);
         rows.into_iter()
-            .find(|(_, master, of, _)| !*master && of.as_deref() == Some(master_id.as_str()))
-            .map(|(p, ..)| p)
+            .find(|row| !row.master && row.of.as_deref() == Some(master_id.as_str()))
+            .map(|row| row.port)
             .expect("every master has a replica")
     }
 
