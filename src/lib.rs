@@ -83,6 +83,8 @@ mod handle;
 mod interval;
 mod job;
 pub mod keyed;
+#[cfg(feature = "metrics")]
+mod metrics_export;
 mod sleep;
 mod stats;
 mod timeout;
