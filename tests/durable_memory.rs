@@ -34,11 +34,7 @@ fn peak_rss() -> u64 {
 fn memory_child() {
     let path = std::env::var(CHILD_STORE).expect("started by the memory test");
     let count: u64 = std::env::var(CHILD_COUNT).unwrap().parse().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = two_workers();
     runtime.block_on(async move {
         let wheel = Wheel::new();
         let start = Instant::now();
@@ -75,12 +71,17 @@ fn memory_child() {
     });
 }
 
-fn fill(path: &Path, count: usize) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// A runtime like the application's: two workers.
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn fill(path: &Path, count: usize) {
+    let runtime = two_workers();
     runtime.block_on(async move {
         let wheel = Wheel::new();
         let queue = DurableQueue::open(path, &wheel).await.unwrap();

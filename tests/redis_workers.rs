@@ -127,6 +127,21 @@ async fn wait_until_empty(queue: &DurableQueue, limit: Duration) {
     }
 }
 
+/// Waits until `workers` worker processes have written their ready line (`R …`) to `log`.
+fn wait_until_ready(log: &Path, workers: usize, limit: Duration) {
+    let start = Instant::now();
+    while std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("R "))
+        .count()
+        < workers
+    {
+        assert!(start.elapsed() < limit, "workers did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_killed_worker_loses_nothing() {
     let Some(server) = support::redis_server::start() else {
@@ -136,20 +151,7 @@ fn a_killed_worker_loses_nothing() {
     let log = dir.path().join("log");
     let url = server.url();
     let mut workers = Workers((0..4).map(|i| spawn_worker(&url, &log, i)).collect());
-    let start = Instant::now();
-    while std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("R "))
-        .count()
-        < 4
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "workers did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_ready(&log, 4, Duration::from_secs(20));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let wheel = runtime.block_on(async { Wheel::new() });
     let queue = runtime
@@ -340,20 +342,7 @@ fn three_workers_deliver_each_recurring_occurrence_once() {
     let log = dir.path().join("log");
     let url = server.url();
     let mut workers = Workers((0..3).map(|i| spawn_worker(&url, &log, i)).collect());
-    let start = Instant::now();
-    while std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("R "))
-        .count()
-        < 3
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "workers did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_ready(&log, 3, Duration::from_secs(30));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let wheel = Wheel::new();
