@@ -181,6 +181,15 @@ fn the_thread_ends_once_the_wheel_is_gone() {
     for (how, name) in [("shutdown", "s"), ("dropped", "d")] {
         let wheel = own_wheel(&runtime, name);
         let thread = format!("tokio-wheel {name}");
+        // The thread names itself once it runs, a moment after `build` returns.
+        let start = StdInstant::now();
+        while threads_named(&thread) == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{how}: the wheel's thread never started"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(threads_named(&thread), 1, "{how}: one thread while it runs");
         runtime.block_on(wheel.sleep(Duration::from_millis(1)));
         if how == "shutdown" {
