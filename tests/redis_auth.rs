@@ -95,17 +95,18 @@ fn raw(url: &str) -> redis::Connection {
     redis::Client::open(url).unwrap().get_connection().unwrap()
 }
 
-/// Opening fails as it should: denied, well inside the retry budget. Returns the error.
-async fn denied(builder: Builder, url: &str, name: &str, wheel: &Wheel) -> Error {
+/// Opening as `who` fails as it should: denied, well inside the retry budget. Returns the
+/// error.
+async fn denied(who: &str, builder: Builder, url: &str, name: &str, wheel: &Wheel) -> Error {
     let start = Instant::now();
     let error = builder
         .redis(url, name, wheel)
         .await
-        .expect_err("the server refuses this client");
+        .expect_err(&format!("the server refuses {who}"));
     let took = start.elapsed();
-    assert!(error.is_denied(), "{error:?}");
-    assert!(!error.is_transient(), "{error:?}");
-    assert!(took < AT_ONCE, "denied only after {took:?}: {error}");
+    assert!(error.is_denied(), "{who}: {error:?}");
+    assert!(!error.is_transient(), "{who}: {error:?}");
+    assert!(took < AT_ONCE, "{who}: denied only after {took:?}: {error}");
     error
 }
 
@@ -154,13 +155,21 @@ async fn requirepass_admits_the_password_and_denies_a_wrong_or_missing_one_at_on
     round_trip(&queue, "with-password").await;
 
     let wrong = denied(
+        "a wrong password",
         builder.clone(),
         &url_as(&server, &format!(":{WRONG_PASSWORD}@")),
         "pass",
         &wheel,
     )
     .await;
-    let missing = denied(builder.clone(), &server.url(), "pass", &wheel).await;
+    let missing = denied(
+        "no password",
+        builder.clone(),
+        &server.url(),
+        "pass",
+        &wheel,
+    )
+    .await;
     assert!(
         format!("{missing}").contains("NOAUTH"),
         "says the server wants a password: {missing}"
@@ -252,11 +261,15 @@ async fn acl_users_are_admitted_by_password_and_one_lacking_a_permission_is_deni
     round_trip(&queue, "as-worker").await;
 
     let mut texts = vec![format!("{queue:?}")];
-    for userinfo in [
-        format!("worker:{WRONG_PASSWORD}@"),
-        format!("nobody:{WORKER_PASSWORD}@"),
+    for (who, userinfo) in [
+        (
+            "worker with a wrong password",
+            format!("worker:{WRONG_PASSWORD}@"),
+        ),
+        ("an unknown user", format!("nobody:{WORKER_PASSWORD}@")),
     ] {
         let error = denied(
+            who,
             Builder::default(),
             &url_as(&server, &userinfo),
             "acl",
@@ -271,7 +284,7 @@ async fn acl_users_are_admitted_by_password_and_one_lacking_a_permission_is_deni
         ("nochannels", "channels"),
     ] {
         let url = url_as(&server, &format!("{user}:{LIMITED_PASSWORD}@"));
-        let error = denied(Builder::default(), &url, "acl", &wheel).await;
+        let error = denied(user, Builder::default(), &url, "acl", &wheel).await;
         let text = format!("{error}").to_lowercase();
         assert!(
             text.contains("noperm") && text.contains(missing),
@@ -322,6 +335,7 @@ async fn passwords_never_appear_in_errors_debug_output_or_traces() {
     drop(deliveries);
 
     let wrong = denied(
+        "a wrong password",
         builder.clone(),
         &url_as(&server, &format!(":{WRONG_PASSWORD}@")),
         "secrets",
@@ -486,7 +500,14 @@ async fn tls_with_the_private_ca_works_and_an_untrusted_certificate_is_denied_at
         .expect("the private CA is trusted");
     round_trip(&queue, "over-tls").await;
 
-    let untrusted = denied(DurableQueue::builder(), &url, "tls", &wheel).await;
+    let untrusted = denied(
+        "an untrusted certificate",
+        DurableQueue::builder(),
+        &url,
+        "tls",
+        &wheel,
+    )
+    .await;
     assert!(
         format!("{untrusted}")
             .to_lowercase()
