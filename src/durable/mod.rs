@@ -375,7 +375,7 @@ impl Builder {
 
     /// Redis: every write (`schedule`, `ack`, `retry`, `fail`, `cancel`, …) returns only once
     /// `n` replicas of its master have it (`WAIT n`), so a failover to one of them loses
-    /// nothing that returned. If they do not within 10 s, the call returns
+    /// nothing that returned. If they do not within 4 s, the call returns
     /// [`Error::Unreachable`] — the write is then on the master but may be lost with it.
     /// Default 0: a write returns once the master has it. Claims are not waited for (a claim
     /// lost in a failover is delivered again after its lease).

@@ -80,9 +80,16 @@ const PAGE: usize = 1000;
 const RETRY_BUDGET: Duration = Duration::from_secs(10);
 /// The backoff between tries doubles from the first to the last.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(500));
+/// How long a command may go unanswered before its connection counts as lost.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a write waits for its replicas (`Builder::replicas`) before it reports them
-/// missing.
-const REPLICA_TIMEOUT: Duration = Duration::from_secs(10);
+/// missing: one `WAIT`, on the connection that made the write, so it must end inside
+/// [`RESPONSE_TIMEOUT`] (a longer one fails first, as a lost connection: "timed out"). Not
+/// several shorter ones in a row: after a reconnect or a failover a later one is answered by
+/// a connection that made no write, which any replica satisfies at once (with 2 s slices the
+/// cluster failover test lost a task).
+const REPLICA_TIMEOUT: Duration = Duration::from_secs(4);
+const _: () = assert!(REPLICA_TIMEOUT.as_millis() < RESPONSE_TIMEOUT.as_millis());
 /// Shortest window in which a retried finish is recognised.
 const MIN_MARK_WINDOW: Duration = Duration::from_secs(1);
 
@@ -641,6 +648,17 @@ impl Keys {
         format!("{}done:{id}", self.prefix)
     }
 
+    /// The keys the stats script reads.
+    fn stats_keys(&self) -> [&str; 5] {
+        [
+            &self.due,
+            &self.inflight,
+            &self.dead,
+            &self.stats,
+            &self.lateness,
+        ]
+    }
+
     /// Where one claim call records what it handed out.
     fn claim_record(&self, claimer: &str, call: u64) -> String {
         format!("{}claim:{claimer}:{call}", self.prefix)
@@ -797,7 +815,9 @@ fn classify(error: &redis::RedisError) -> Error {
     }
 }
 
-/// Runs a Redis operation, retrying with backoff while the server is unreachable.
+/// Runs a Redis operation, retrying with backoff while the server is unreachable. A refusal
+/// is final at once, though the redis crate would retry it: a reconnect that the server
+/// refuses (the password changed) is not a server that is down.
 async fn with_retries<T, F, Fut>(mut operation: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
@@ -808,7 +828,7 @@ where
     loop {
         match operation().await {
             Ok(value) => return Ok(value),
-            Err(error) if !is_transient(&error) => {
+            Err(error) if !is_transient(&error) || classify(&error).is_denied() => {
                 return Err(match classify(&error) {
                     Error::Unreachable(text) => Error::Io(text),
                     other => other,
@@ -849,7 +869,7 @@ async fn connect(target: &Target) -> Result<Connection, Error> {
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_number_of_retries(2)
             .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_max_delay(Duration::from_secs(2));
         let connection = ConnectionManager::new_with_config(client, config)
             .await
@@ -860,7 +880,7 @@ async fn connect(target: &Target) -> Result<Connection, Error> {
     let mut builder =
         redis::cluster::ClusterClient::builder(target.urls.iter().map(String::as_str))
             .connection_timeout(Duration::from_secs(2))
-            .response_timeout(Duration::from_secs(5))
+            .response_timeout(RESPONSE_TIMEOUT)
             .retries(6)
             .max_retry_wait(500);
     #[cfg(feature = "redis-tls")]
@@ -952,6 +972,7 @@ pub(crate) async fn start(
     }
     let channels: Vec<String> = shared.parts.iter().map(|k| k.channel.clone()).collect();
     let idle: Vec<String> = shared.parts.iter().map(|k| k.idle.clone()).collect();
+    check_permissions(&shared, &channels, &own_channel).await?;
     let listener = attachment.runtime.spawn(listen(
         clients,
         channels,
@@ -994,6 +1015,37 @@ pub(crate) async fn start(
     Ok((requests, shared))
 }
 
+/// A user the server lets connect may still lack a permission the queue needs: finds out
+/// at open ([`Error::Denied`] with the server's NOPERM), not at some later call — or never,
+/// for a worker that may not subscribe and so waits for wake-ups forever. A read-only script
+/// checks scripts and keys; an empty message on every wake channel checks channels (PUBLISH
+/// needs the same permission as SUBSCRIBE, whose refusal the redis crate does not report;
+/// listeners ignore empty messages, and this worker's own channel has no listener yet).
+async fn check_permissions(shared: &Shared, channels: &[String], own: &str) -> Result<(), Error> {
+    let _: Vec<u64> = shared
+        .invoke(
+            &shared.scripts.stats,
+            &shared.parts[0].stats_keys(),
+            redis_args!["tw-stats"],
+        )
+        .await?;
+    // One command per channel (a cluster pipeline wants a single slot), sent together.
+    let probes = channels
+        .iter()
+        .map(String::as_str)
+        .chain([own])
+        .map(|channel| {
+            with_retries(move || {
+                let mut connection = shared.connection.clone();
+                let mut probe = redis::cmd("PUBLISH");
+                probe.arg(channel).arg("");
+                async move { probe.query_async::<()>(&mut connection).await }
+            })
+        });
+    futures::future::try_join_all(probes).await?;
+    Ok(())
+}
+
 /// What the wake channels tell the engine.
 enum Wake {
     /// This worker was picked to claim a task that is due in this partition (on its own
@@ -1029,14 +1081,18 @@ async fn listen(
                 let mut messages = pubsub.on_message();
                 while let Some(message) = messages.next().await {
                     let channel = message.get_channel_name();
+                    // Anything else (the empty messages of `check_permissions`) is no news.
                     let event = if channel == own {
                         let key: String = message.get_payload().unwrap_or_default();
-                        Wake::Claim(idle.iter().position(|k| *k == key).unwrap_or(0))
+                        idle.iter().position(|k| *k == key).map(Wake::Claim)
                     } else {
                         let part = channels.iter().position(|c| c == channel).unwrap_or(0);
-                        Wake::Due(part, message.get_payload::<u64>().unwrap_or(0))
+                        let at = message.get_payload::<u64>();
+                        at.ok().map(|at| Wake::Due(part, at))
                     };
-                    if wake.send(event).is_err() {
+                    if let Some(event) = event
+                        && wake.send(event).is_err()
+                    {
                         return;
                     }
                 }
@@ -2112,13 +2168,7 @@ impl Shared {
             let reply: Vec<u64> = self
                 .invoke(
                     &self.scripts.stats,
-                    &[
-                        &keys.due,
-                        &keys.inflight,
-                        &keys.dead,
-                        &keys.stats,
-                        &keys.lateness,
-                    ],
+                    &keys.stats_keys(),
                     redis_args!["tw-stats"],
                 )
                 .await?;
