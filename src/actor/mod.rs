@@ -43,8 +43,10 @@ use self::timeline::Moves;
 use crate::timer::counters::Delta;
 use crate::timer::shared::Shared;
 
-/// Commands applied between two looks at the turn's time budget.
-const SLICE: usize = 128;
+/// Commands applied between two looks at the turn's time budget: few enough that a slice stays
+/// short even in a debug build on a preempted thread (128 took up to 90 ms there), enough that
+/// the clock read is lost in the work.
+const SLICE: usize = 32;
 /// Longest a busy actor goes without yielding to the runtime between turns (each yield costs
 /// the worker a trip through its driver, so a busy actor does not yield after every turn).
 const YIELD_EVERY: Duration = Duration::from_millis(1);
@@ -52,8 +54,9 @@ const YIELD_EVERY: Duration = Duration::from_millis(1);
 /// While a backlog lasts, each stretch doubles, up to [`MAX_TURN_BUDGET`]: the actor keeps up
 /// with producers on its own runtime, and other tasks still run every few milliseconds.
 pub(crate) const TURN_BUDGET: Duration = Duration::from_millis(1);
-/// The longest stretch of applying commands without a yield.
-pub(crate) const MAX_TURN_BUDGET: Duration = Duration::from_millis(16);
+/// The longest stretch of applying commands without a yield (16 ms let two actors sharing a
+/// current-thread runtime hold it ~100 ms between them while preempted by flooding threads).
+pub(crate) const MAX_TURN_BUDGET: Duration = Duration::from_millis(8);
 /// Timers fired before the actor yields to the runtime.
 pub(crate) const FIRE_BATCH: usize = 1024;
 /// Command buffer capacity an idle actor keeps.
