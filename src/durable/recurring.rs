@@ -59,6 +59,8 @@ enum Schedule {
 /// let report = Recurring::cron("0 */5 * * * *")?.id("report").payload(b"weekly".to_vec());
 /// // Every minute, each missed one delivered after downtime.
 /// let sweep = Recurring::every(Duration::from_secs(60)).id("sweep").catch_up(CatchUp::All);
+/// assert_ne!(report, sweep);
+/// // Each is given to `queue.schedule_recurring(..)`. A bad expression is an error at once:
 /// assert!(Recurring::cron("61 * * * * *").is_err());
 /// # Ok::<(), tokio_wheel::durable::Error>(())
 /// ```
