@@ -1321,6 +1321,10 @@ impl RedisEngine {
         for (i, &p) in chosen.iter().enumerate() {
             let left = chosen.len() - i;
             let share = self.wanted().div_ceil(left);
+            // Chosen only for its due tasks, and the credits are gone: nothing to do there.
+            if share == 0 && !self.should_claim(p, false) {
+                continue;
+            }
             self.claim(p, share).await?;
         }
         if !chosen.is_empty() {
