@@ -1508,3 +1508,51 @@ async fn missed_occurrences_collapse_after_a_restart_of_the_embedded_store() {
         queue.close().await;
     }
 }
+
+/// Found by the independent attack: a stream polled while its claims waited for their commit
+/// saw an empty buffer and no credits, and asked for a whole prefetch more (7 in flight with
+/// prefetch 4 after reading 2, in some rounds). On two workers, so that the engine's commit
+/// and the stream's poll race for real.
+async fn a_stream_never_claims_more_than_its_prefetch_ahead(backend: Backend) {
+    for round in 0..30 {
+        let Some(fixture) = fixture(backend) else {
+            return;
+        };
+        let queue = fixture
+            .open_with(
+                DurableQueue::builder()
+                    .lease(Duration::from_secs(10))
+                    .prefetch(4),
+            )
+            .await;
+        for i in 0..100u64 {
+            queue
+                .schedule(Task::new(vec![1]).id(format!("t{i}")))
+                .await
+                .unwrap();
+        }
+        let mut deliveries = queue.deliveries();
+        let first = next(&mut deliveries).await;
+        let held = next(&mut deliveries).await;
+        first.ack().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stats = queue.stats().await.unwrap();
+        // One held, at most four claimed ahead.
+        assert!(stats.in_flight <= 5, "round {round}: {stats:?}");
+        assert!(stats.delivered <= 6, "round {round}: {stats:?}");
+        drop(held);
+        drop(deliveries);
+        queue.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_a_stream_never_claims_more_than_its_prefetch_ahead() {
+    a_stream_never_claims_more_than_its_prefetch_ahead(Backend::Embedded).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_stream_never_claims_more_than_its_prefetch_ahead() {
+    a_stream_never_claims_more_than_its_prefetch_ahead(Backend::Redis).await;
+}

@@ -88,9 +88,20 @@ pub(crate) enum Request {
     CancelRecurring(String, Reply<bool>),
 }
 
+/// A stream that wants deliveries, as one step sees it.
+pub(crate) struct Want {
+    consumer: usize,
+    credits: Arc<AtomicUsize>,
+    in_transit: Arc<AtomicUsize>,
+}
+
 /// One `deliveries()` stream, as the engine sees it.
 pub(crate) struct Consumer {
     pub(crate) credits: Arc<AtomicUsize>,
+    /// Claimed for this stream and not yet in its channel (a claim waits for its commit): the
+    /// stream asks for more only when this, its credits and its buffer are all empty, so it
+    /// never holds more than the prefetch ahead.
+    pub(crate) in_transit: Arc<AtomicUsize>,
     /// Set when the queue closes: the stream drops what it buffered (the engine returned it).
     pub(crate) closed: Arc<AtomicBool>,
     pub(crate) sender: mpsc::UnboundedSender<Delivery>,
@@ -234,7 +245,7 @@ struct Plan {
     /// Expire leases and purge (not while backing off after a failed commit).
     expire: bool,
     /// The credits of the streams that want deliveries, by consumer index.
-    wants: Vec<(usize, Arc<AtomicUsize>)>,
+    wants: Vec<Want>,
 }
 
 /// What one step did.
@@ -610,12 +621,16 @@ impl Engine {
             }
         }
         let claiming = !retrying && !last && self.close_deadline.is_none();
-        let wants: Vec<(usize, Arc<AtomicUsize>)> = if claiming {
+        let wants: Vec<Want> = if claiming {
             self.consumers
                 .iter()
                 .enumerate()
                 .filter(|(_, c)| c.wants())
-                .map(|(i, c)| (i, c.credits.clone()))
+                .map(|(i, c)| Want {
+                    consumer: i,
+                    credits: c.credits.clone(),
+                    in_transit: c.in_transit.clone(),
+                })
                 .collect()
         } else {
             Vec::new()
@@ -675,7 +690,10 @@ impl Engine {
                 super::Route::Engine,
             );
             // A stream that went away drops it, and its drop returns the task.
-            let _ = self.consumers[claim.consumer].sender.send(delivery);
+            let consumer = &self.consumers[claim.consumer];
+            let _ = consumer.sender.send(delivery);
+            // After the send: a stream that sees nothing in transit finds it in its buffer.
+            consumer.in_transit.fetch_sub(1, Ordering::AcqRel);
         }
         self.consumers.retain(|c| !c.sender.is_closed());
     }
@@ -858,8 +876,9 @@ impl Core {
             self.next_seq = seq_before;
             self.counters = counters_before;
             for claim in claims.drain(..) {
-                if let Some((_, credits)) = plan.wants.iter().find(|(i, _)| *i == claim.consumer) {
-                    credits.fetch_add(1, Ordering::AcqRel);
+                if let Some(want) = plan.wants.iter().find(|w| w.consumer == claim.consumer) {
+                    want.credits.fetch_add(1, Ordering::AcqRel);
+                    want.in_transit.fetch_sub(1, Ordering::AcqRel);
                 }
             }
         }
@@ -1218,11 +1237,16 @@ impl StepState<'_> {
     fn claim_due(
         &mut self,
         tasks: &mut Tasks<'_>,
-        wants: &[(usize, Arc<AtomicUsize>)],
+        wants: &[Want],
         claims: &mut Vec<Claimed>,
     ) -> Result<(), Error> {
         let mut budget = STEP_LIMIT;
-        for (consumer, credits) in wants {
+        for Want {
+            consumer,
+            credits,
+            in_transit,
+        } in wants
+        {
             while budget > 0 && credits.load(Ordering::Acquire) > 0 {
                 let Some((due, _, id)) = tasks.ordered(Table::Pending, None, 1)?.pop() else {
                     return Ok(());
@@ -1245,6 +1269,8 @@ impl StepState<'_> {
                     ..record.clone()
                 };
                 tasks.put(&id, Some(&record), &next)?;
+                // In transit first: the stream never sees both at zero meanwhile.
+                in_transit.fetch_add(1, Ordering::AcqRel);
                 credits.fetch_sub(1, Ordering::AcqRel);
                 let token = *self.next_token;
                 *self.next_token += 1;

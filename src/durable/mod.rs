@@ -848,15 +848,18 @@ impl DurableQueue {
     pub fn deliveries(&self) -> Deliveries {
         let (sender, receiver) = mpsc::unbounded_channel();
         let credits = Arc::new(AtomicUsize::new(0));
+        let in_transit = Arc::new(AtomicUsize::new(0));
         let closed = Arc::new(AtomicBool::new(false));
         let _ = self.requests.send(Request::Subscribe(Consumer {
             credits: credits.clone(),
+            in_transit: in_transit.clone(),
             closed: closed.clone(),
             sender,
         }));
         Deliveries {
             receiver,
             credits,
+            in_transit,
             closed,
             prefetch: self.prefetch,
             requests: self.requests.clone(),
@@ -880,6 +883,8 @@ impl DurableQueue {
 pub struct Deliveries {
     receiver: mpsc::UnboundedReceiver<Delivery>,
     credits: Arc<AtomicUsize>,
+    /// Claimed for this stream, not yet in `receiver`.
+    in_transit: Arc<AtomicUsize>,
     /// Set by the engine when the queue closes: what is still buffered was returned.
     closed: Arc<AtomicBool>,
     prefetch: usize,
@@ -912,8 +917,12 @@ impl Stream for Deliveries {
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => {}
         }
-        // Nothing buffered: ask for up to `prefetch` more, once.
-        if self.credits.load(Ordering::Acquire) == 0 {
+        // Nothing buffered, claimed or asked for: ask for up to `prefetch` more, once. (What
+        // is in transit is sent before it leaves the count, so the buffer is looked at after.)
+        if self.credits.load(Ordering::Acquire) == 0
+            && self.in_transit.load(Ordering::Acquire) == 0
+            && self.receiver.is_empty()
+        {
             self.credits.store(self.prefetch, Ordering::Release);
             if self.requests.send(Request::Demand).is_err() {
                 return Poll::Ready(None);
