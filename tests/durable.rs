@@ -1556,3 +1556,54 @@ async fn embedded_a_stream_never_claims_more_than_its_prefetch_ahead() {
 async fn redis_a_stream_never_claims_more_than_its_prefetch_ahead() {
     a_stream_never_claims_more_than_its_prefetch_ahead(Backend::Redis).await;
 }
+
+/// Found by the independent attack: paging through the in-flight tasks of an embedded store
+/// skipped a held delivery whose lease never changed, because the claims still buffered were
+/// ordered by a lease end that slides with the clock ("as if handed out now") and passed it.
+/// Buffered claims now come after every delivery handed out, in id order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paging_in_flight_tasks_lists_a_held_delivery_once_while_others_wait_in_a_buffer() {
+    let fixture = fixture(Backend::Embedded).unwrap();
+    let queue = fixture
+        .open_with(
+            DurableQueue::builder()
+                .lease(Duration::from_secs(1))
+                .prefetch(4),
+        )
+        .await;
+    for i in 0..5 {
+        queue
+            .schedule(Task::new(vec![]).id(format!("t{i}")))
+            .await
+            .unwrap();
+    }
+    let mut deliveries = queue.deliveries();
+    let held = next(&mut deliveries).await; // t0; t1..t3 wait in the buffer
+    held.extend(Duration::from_secs(3)).await.unwrap();
+    let ids = |page: &[tokio_wheel::durable::TaskInfo]| -> Vec<String> {
+        page.iter().map(|t| t.id.to_string()).collect()
+    };
+    let first = queue.list(TaskFilter::InFlight, None, 2).await.unwrap();
+    assert_eq!(ids(&first), ["t0", "t1"], "the held delivery first");
+    // Time passes; the held lease is unchanged and live.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut seen = ids(&first);
+    let mut after = first.last().map(|t| t.id.clone());
+    loop {
+        let page = queue
+            .list(TaskFilter::InFlight, after.as_ref(), 2)
+            .await
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        after = page.last().map(|t| t.id.clone());
+        seen.extend(ids(&page));
+    }
+    // t0 held, t1..t3 buffered (the prefetch of 4), each once.
+    assert_eq!(seen, ["t0", "t1", "t2", "t3"]);
+    assert_eq!(queue.stats().await.unwrap().in_flight, 4);
+    drop(held);
+    drop(deliveries);
+    queue.close().await;
+}

@@ -1392,12 +1392,17 @@ impl StepState<'_> {
         limit: usize,
     ) -> Result<Vec<TaskInfo>, Error> {
         if filter == TaskFilter::InFlight {
-            // Few (bounded by the streams' prefetch), and in memory: sorted here.
+            // Few (bounded by the streams' prefetch), and in memory: sorted here. Claims still
+            // in a stream's buffer sort after every delivery handed out (their reported lease
+            // end slides with the clock, so it cannot order pages).
             let mut flights: Vec<(u64, String)> = self
                 .flights
                 .tokens
                 .keys()
-                .map(|id| (self.lease_end(id), id.clone()))
+                .map(|id| {
+                    let end = self.flights.of(id).and_then(|f| f.lease_until);
+                    (end.unwrap_or(u64::MAX), id.clone())
+                })
                 .collect();
             flights.sort_unstable();
             let start = match after {

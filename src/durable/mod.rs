@@ -721,8 +721,14 @@ impl DurableQueue {
     /// Pass the last id of a page as `after` to get the next one; an empty page is the end.
     ///
     /// Each page is one bounded read (on Redis, `ZRANK` and `ZRANGE … LIMIT` on the index:
-    /// never the whole set). The list is live: a task that moves between pages may be missed
-    /// or seen twice.
+    /// never the whole set). The list is live: a task that moves between pages (rescheduled,
+    /// replaced, extended, finished) may be missed or seen twice. The cursor is a task, found
+    /// where it is now: if the task named by `after` itself moved within its state (say, was
+    /// rescheduled later), the next page continues from its new place and the tasks it passed
+    /// are not listed, so list again from the start after moving the task you page by.
+    /// In flight, claims still waiting in a stream's buffer come after the deliveries handed
+    /// out (embedded store, in id order); on Redis they are kept alive by renewals and move
+    /// like extended leases.
     ///
     /// # Errors
     ///

@@ -7,7 +7,9 @@
 //! `"{id}@{occurrence in ms since the Unix epoch}"` and moves the schedule on to its next
 //! occurrence, in one atomic step. An occurrence is owed once: the schedule remembers up to
 //! when it has made them, so a worker that dies mid-way, a second worker, or a restart never
-//! makes one twice.
+//! makes one twice. Those ids belong to the occurrences: a task scheduled under one
+//! (`"report@1767225600000"`, say) stands in that occurrence's place, and the occurrence is not
+//! made — choose schedule ids that ordinary task ids cannot collide with.
 //!
 //! Occurrences missed while nothing consumed the queue are collapsed into one by default
 //! ([`CatchUp::Latest`]); [`CatchUp::All`] makes each of them (the latest
