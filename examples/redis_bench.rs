@@ -56,6 +56,18 @@ fn rate(count: usize, elapsed: Duration) -> String {
     format!("{:.0}", count as f64 / elapsed.as_secs_f64())
 }
 
+/// Waits (up to 2 minutes) for `count` acks and returns the rate since `start`, or "failed".
+async fn throughput(
+    done: &mut mpsc::UnboundedReceiver<(bool, i64)>,
+    count: usize,
+    start: Instant,
+) -> String {
+    match receive(done, count, Duration::from_secs(120)).await {
+        Some(_) => rate(count, start.elapsed()),
+        None => "failed".into(),
+    }
+}
+
 fn redis_command<T: redis::FromRedisValue>(url: &str, command: &mut redis::Cmd) -> T {
     let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
     command.query(&mut connection).unwrap()
@@ -209,15 +221,8 @@ async fn main() {
                 let producer = producer.clone();
                 tokio::spawn(async move { produce(&producer, count, None).await })
             };
-            let ok = receive(&mut done, count, Duration::from_secs(120))
-                .await
-                .is_some();
+            let value = throughput(&mut done, count, start).await;
             producing.await.unwrap();
-            let value = if ok {
-                rate(count, start.elapsed())
-            } else {
-                "failed".into()
-            };
             result(&format!("immediate_{workers}_per_s"), value);
             wheel.shutdown().await;
         }
@@ -236,14 +241,7 @@ async fn main() {
             for _ in 0..workers {
                 worker(&url, &wheel, lease, &sender, false).await;
             }
-            let ok = receive(&mut done, count, Duration::from_secs(120))
-                .await
-                .is_some();
-            let value = if ok {
-                rate(count, start.elapsed())
-            } else {
-                "failed".into()
-            };
+            let value = throughput(&mut done, count, start).await;
             result(&format!("backlog_{workers}_per_s"), value);
             wheel.shutdown().await;
         }
@@ -367,14 +365,10 @@ async fn main() {
         let now = now_ms();
         let start = Instant::now();
         produce(&producer, at_once, Some(std::sync::Arc::new(move |_| now))).await;
-        let ok = receive(&mut done, at_once, Duration::from_secs(120))
-            .await
-            .is_some();
-        let value = if ok {
-            format!("{}/s", rate(at_once, start.elapsed()))
-        } else {
-            "failed".into()
-        };
+        let mut value = throughput(&mut done, at_once, start).await;
+        if value != "failed" {
+            value.push_str("/s");
+        }
         result(&format!("due_at_once_{at_once}"), value);
         wheel.shutdown().await;
     }
