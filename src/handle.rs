@@ -17,6 +17,7 @@ use crate::job::{JobHandle, Schedule};
 use crate::keyed::{Expirations, Timers};
 use crate::sleep::Sleep;
 use crate::stats::Stats;
+use crate::stopped::Stopped;
 use crate::timeout::Timeout;
 use crate::timer::clock::deadline_after;
 use crate::timer::shared::Shared;
@@ -176,6 +177,20 @@ impl Wheel {
     /// running its actor shut down.
     pub fn is_shutdown(&self) -> bool {
         self.inner.shared.is_closed()
+    }
+
+    /// The runtime the wheel's jobs run on (and its actors, unless
+    /// [`Builder::own_thread`] gave them a thread): where a layer built on the wheel spawns
+    /// its own tasks.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.shared.runtime
+    }
+
+    /// A future that resolves once the wheel has stopped ([`shutdown`](Wheel::shutdown), or
+    /// the runtime running its actor shut down). It does not keep the wheel running. See
+    /// [`Stopped`].
+    pub fn stopped(&self) -> Stopped {
+        Stopped::new(self.inner.shared.shutdown_signal())
     }
 
     /// A future that completes `duration` from now (saturating: `Duration::MAX` never

@@ -76,8 +76,6 @@
 
 mod actor;
 mod builder;
-#[cfg(feature = "durable")]
-pub mod durable;
 mod error;
 mod handle;
 mod interval;
@@ -87,6 +85,7 @@ pub mod keyed;
 mod metrics_export;
 mod sleep;
 mod stats;
+mod stopped;
 mod timeout;
 mod timer;
 pub mod wheel;
@@ -99,6 +98,7 @@ pub use job::{JobHandle, Schedule};
 pub use keyed::{Expirations, Expired, Timers};
 pub use sleep::Sleep;
 pub use stats::Stats;
+pub use stopped::Stopped;
 pub use timeout::Timeout;
 pub use tokio::time::MissedTickBehavior;
 pub use wheel::Layout;

@@ -1,19 +1,31 @@
 //! A global allocator that counts live heap bytes, for the tests that watch memory come
 //! back. Included by path (`#[path = "support/counting.rs"] mod counting;`) only where it is
 //! installed, with `#[global_allocator] static ALLOCATOR: Counting = Counting;`.
+#![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-/// Counts live heap bytes in [`LIVE`].
+/// Counts live heap bytes in [`LIVE`], and their high-water mark in [`PEAK`].
 pub struct Counting;
 
 pub static LIVE: AtomicIsize = AtomicIsize::new(0);
+pub static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+/// Starts a new high-water mark from the bytes live now.
+pub fn reset_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+fn grow(bytes: isize) {
+    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
 
 // SAFETY: forwards every call unchanged to the system allocator; counting is a side effect.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        grow(layout.size() as isize);
         // SAFETY: forwarded with the caller's layout.
         unsafe { System.alloc(layout) }
     }
@@ -23,10 +35,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
+        grow(new_size as isize - layout.size() as isize);
         // SAFETY: forwarded with the caller's arguments.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

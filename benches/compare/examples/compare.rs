@@ -1,0 +1,844 @@
+//! tokio-wheel side by side with `tokio::time`, `tokio_util::time::DelayQueue`,
+//! `pingora-timeout` (timeouts), `kestrel-timer` and `hierarchical_hash_wheel_timer`: every
+//! scenario of BENCHMARKS.md in one run, printed as markdown tables (medians, spread, ratios).
+//!
+//! Run: `cargo run --release -p tokio-wheel-compare --example compare` (several minutes), or `-- --quick` (seconds,
+//! n = 10^4 only, as CI does).
+//!
+//! Options:
+//! - `--sizes 10000,100000` picks the sizes (default 10^4, 10^5, 10^6; `--quick`: 10^4).
+//! - `--memory-sizes 10000,10000000` picks the sizes of the memory scenario (default: the
+//!   sizes; `--full` adds 10^7).
+//! - `--full`: memory also at 10^7 (several GiB of heap while it runs).
+//! - `--only NAME` runs one scenario group: idle, schedule, ready, timeouts, postpone, keyed,
+//!   churn, producers, fire, memory (e.g. under a profiler).
+//!
+//! Which peer is in which scenario, and why not elsewhere: see the head of
+//! `benches/compare/src/lib.rs`.
+
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_wheel_compare::*;
+use tokio_wheel::Wheel;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+const OURS: &str = "tokio-wheel";
+const OURS_CALLER: &str = "tokio-wheel (caller side only)";
+const TOKIO: &str = "tokio::time";
+const DELAY_QUEUE: &str = "DelayQueue";
+const KESTREL: &str = "kestrel-timer";
+const HASH_WHEEL: &str = "hierarchical_hash_wheel_timer";
+const HASH_WHEEL_CALLER: &str = "hierarchical_hash_wheel_timer (caller side only)";
+/// Marks a column that is not end to end: never taken as the best peer.
+const CALLER_SIDE: &str = "caller side only";
+/// The number of far-future timers pending in the idle scenario.
+const IDLE_TIMERS: usize = 100_000;
+
+/// One measured quantity: samples per system, lower is better.
+struct Table {
+    title: String,
+    unit: &'static str,
+    /// (row label, system) → samples.
+    cells: BTreeMap<(String, String), Vec<f64>>,
+    rows: Vec<String>,
+    systems: Vec<String>,
+    /// A peer every tokio-wheel column is also compared with, in a column of its own.
+    reference: Option<&'static str>,
+    /// Peers never taken as the best peer here, and why.
+    excluded: Vec<(String, &'static str)>,
+}
+
+impl Table {
+    fn new(title: &str, unit: &'static str) -> Table {
+        Table {
+            title: title.to_owned(),
+            unit,
+            cells: BTreeMap::new(),
+            rows: Vec::new(),
+            systems: Vec::new(),
+            reference: None,
+            excluded: Vec::new(),
+        }
+    }
+
+    /// Never takes `system` as the best peer in this table, saying `why` under it.
+    fn exclude(&mut self, system: &str, why: &'static str) {
+        if !self.excluded.iter().any(|(s, _)| s == system) {
+            self.excluded.push((system.to_owned(), why));
+        }
+    }
+
+    /// Adds a "tokio-wheel … vs `reference`" column.
+    fn versus(mut self, reference: &'static str) -> Table {
+        self.reference = Some(reference);
+        self
+    }
+
+    fn add(&mut self, row: &str, system: &str, value: f64) {
+        if !self.rows.iter().any(|r| r == row) {
+            self.rows.push(row.to_owned());
+        }
+        if !self.systems.iter().any(|s| s == system) {
+            self.systems.push(system.to_owned());
+        }
+        self.cells
+            .entry((row.to_owned(), system.to_owned()))
+            .or_default()
+            .push(value);
+    }
+
+    fn median(&self, row: &str, system: &str) -> Option<f64> {
+        let mut samples = self
+            .cells
+            .get(&(row.to_owned(), system.to_owned()))?
+            .clone();
+        samples.sort_by(f64::total_cmp);
+        Some(samples[samples.len() / 2])
+    }
+
+    fn ratio(reference: f64, value: f64) -> String {
+        if !reference.is_finite() || reference <= 0.0 || value <= 0.0 {
+            return "–".to_owned();
+        }
+        format!(
+            "**{:.2}×** {}",
+            reference / value,
+            if reference >= value {
+                "better"
+            } else {
+                "worse"
+            }
+        )
+    }
+
+    fn print(&self) {
+        println!(
+            "\n### {} ({}; median [min–max]; lower is better)\n",
+            self.title, self.unit
+        );
+        let ours: Vec<&String> = self
+            .systems
+            .iter()
+            .filter(|s| s.starts_with(OURS))
+            .collect();
+        let reference = self
+            .reference
+            .filter(|r| self.systems.iter().any(|s| s == r));
+        let mut header = format!("| {} |", "case");
+        for system in &self.systems {
+            header += &format!(" {system} |");
+        }
+        for system in &ours {
+            header += &format!(" {system} vs best peer |");
+            if let Some(reference) = reference {
+                header += &format!(" {system} vs {reference} |");
+            }
+        }
+        println!("{header}");
+        let ratio_columns = ours.len() * if reference.is_some() { 2 } else { 1 };
+        println!("|{}", "---|".repeat(1 + self.systems.len() + ratio_columns));
+        for row in &self.rows {
+            let mut line = format!("| {row} |");
+            for system in &self.systems {
+                let cell = match self.cells.get(&(row.clone(), system.clone())) {
+                    Some(samples) => {
+                        let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
+                        let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let median = self.median(row, system).unwrap();
+                        if samples.len() > 1 {
+                            format!("{} [{}–{}]", fmt(median), fmt(min), fmt(max))
+                        } else {
+                            fmt(median)
+                        }
+                    }
+                    None => "–".to_owned(),
+                };
+                line += &format!(" {cell} |");
+            }
+            // The best end-to-end peer: a caller-side-only column is not a whole cost.
+            let best_peer = self
+                .systems
+                .iter()
+                .filter(|s| !s.starts_with(OURS) && !s.contains(CALLER_SIDE))
+                .filter(|s| !self.excluded.iter().any(|(e, _)| e == *s))
+                .filter_map(|s| self.median(row, s))
+                .fold(f64::INFINITY, f64::min);
+            for system in &ours {
+                let value = self.median(row, system);
+                line += &format!(
+                    " {} |",
+                    value.map_or("–".to_owned(), |v| Table::ratio(best_peer, v))
+                );
+                if let Some(reference) = reference {
+                    let base = self.median(row, reference).unwrap_or(f64::INFINITY);
+                    line += &format!(
+                        " {} |",
+                        value.map_or("–".to_owned(), |v| Table::ratio(base, v))
+                    );
+                }
+            }
+            println!("{line}");
+        }
+        for (system, why) in &self.excluded {
+            println!("\n{system} is not taken as the best peer here: {why}.");
+        }
+    }
+}
+
+fn fmt(value: f64) -> String {
+    if value.abs() >= 100.0 {
+        format!("{value:.0}")
+    } else if value.abs() >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+struct Progress {
+    done: usize,
+    total: usize,
+}
+
+impl Progress {
+    fn step(&mut self, what: &str) {
+        self.done += 1;
+        let width = 30;
+        let filled = (width * self.done / self.total.max(1)).min(width);
+        eprint!(
+            "\r[{}{}] {:>3}/{} {:<48}",
+            "#".repeat(filled),
+            " ".repeat(width - filled),
+            self.done,
+            self.total,
+            what
+        );
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn ns_per(duration: Duration, ops: usize) -> f64 {
+    duration.as_nanos() as f64 / ops as f64
+}
+
+fn parse_sizes(args: &[String], flag: &str) -> Option<Vec<usize>> {
+    let i = args.iter().position(|a| a == flag)?;
+    let list = args
+        .get(i + 1)
+        .unwrap_or_else(|| panic!("{flag} 10000,100000"));
+    Some(
+        list.split(',')
+            .map(|s| s.parse().unwrap_or_else(|_| panic!("{flag} 10000,100000")))
+            .collect(),
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let full = args.iter().any(|a| a == "--full");
+    let sizes = parse_sizes(&args, "--sizes").unwrap_or_else(|| {
+        if quick {
+            vec![10_000]
+        } else {
+            vec![10_000, 100_000, 1_000_000]
+        }
+    });
+    let memory_sizes = parse_sizes(&args, "--memory-sizes").unwrap_or_else(|| {
+        let mut memory_sizes = sizes.clone();
+        if full && !memory_sizes.contains(&10_000_000) {
+            memory_sizes.push(10_000_000);
+        }
+        memory_sizes
+    });
+    // Repetitions reported; each system also runs one warm-up repetition first, not reported.
+    let reps = if quick { 2 } else { 5 };
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args[i + 1].clone());
+    let wanted = |name: &str| only.as_deref().is_none_or(|only| only == name);
+    // Idle takes 2 s per system: not in the quick run unless asked for by name.
+    let run_idle = wanted("idle") && (!quick || only.is_some());
+    let rounds = 10;
+    let producer_pairs = if quick { 20_000 } else { 200_000 };
+    let producer_counts = [2, 8, 64];
+    let runtime = runtime();
+    let handle = runtime.handle().clone();
+    let new_wheel = move || Wheel::builder().runtime(handle.clone()).build();
+    // Ends a memory measurement's wheel, in which no timer may have fired.
+    let shutdown = |runtime: &tokio::runtime::Runtime, wheel: Wheel| {
+        on_worker(runtime, async move {
+            let fired = wheel.stats().fired;
+            assert_eq!(
+                fired, 0,
+                "harness bug: timers fired while memory was counted"
+            );
+            wheel.shutdown().await
+        });
+    };
+    // Ends a group's long-lived wheel, which every repetition must have left empty.
+    let retire = |runtime: &tokio::runtime::Runtime, wheel: Wheel| {
+        on_worker(runtime, async move {
+            wheel.flush().await;
+            let pending = wheel.stats().pending;
+            assert_eq!(pending, 0, "harness bug: a repetition left timers pending");
+            wheel.shutdown().await
+        });
+    };
+
+    let runs = reps + 1;
+    let mut total = 0;
+    let mut plan = |name: &str, steps: usize| {
+        if wanted(name) {
+            total += steps;
+        }
+    };
+    plan("schedule", sizes.len() * runs * 5);
+    plan("ready", sizes.len() * runs * 3);
+    plan("timeouts", sizes.len() * runs * 3);
+    plan("postpone", sizes.len() * 2 * runs * 6);
+    plan("keyed", sizes.len() * runs * 3);
+    plan("churn", sizes.len() * runs * 3);
+    plan("producers", producer_counts.len() * runs * 5);
+    plan("fire", sizes.len() * 6);
+    plan("memory", memory_sizes.len() * 7);
+    if run_idle {
+        total += 4;
+    }
+    let mut progress = Progress { done: 0, total };
+
+    let mut schedule = Table::new(
+        "Schedule: register n timers (deadlines in [1 s, 60 s])",
+        "ns per timer",
+    )
+    .versus(TOKIO);
+    let mut cancel =
+        Table::new("Cancel: drop or remove those n timers", "ns per timer").versus(TOKIO);
+    let mut pair = Table::new(
+        "Schedule + cancel pair: register n timers, then cancel them all (the two rows above summed per repetition)",
+        "ns per pair",
+    )
+    .versus(TOKIO);
+    let mut ready = Table::new(
+        "Ready-future timeout: `timeout(d, ready)` awaited n times",
+        "ns per timeout",
+    )
+    .versus("tokio::time::timeout");
+    let mut timeouts = Table::new(
+        "Timeouts: wrap a pending future, poll once, drop before the deadline",
+        "ns per timeout",
+    )
+    .versus("tokio::time::timeout");
+    let mut postpone = Table::new("Postpone: move each of n timers 10 times", "ns per move")
+        .versus("tokio Sleep::reset");
+    let mut keyed = Table::new(
+        "Keyed schedule + cancel: set n keys (deadlines in [1 s, 60 s]), then remove each",
+        "ns per key",
+    );
+    let mut churn = Table::new(
+        "Keyed churn: 4n random ops (½ reset, ¼ remove, ¼ set)",
+        "ns per op",
+    );
+    let mut fire_cpu = Table::new(
+        "Fire: n timers over 1 s on 2 workers",
+        "CPU ns per fired timer, all threads",
+    )
+    .versus(TOKIO);
+    let mut lateness = Table::new(
+        "Fire: lateness, completion seen minus deadline",
+        "µs, negative = early; p50 / p99 / max rows",
+    )
+    .versus(TOKIO);
+    let mut early = Table::new(
+        "Fire: timers seen complete before their deadline",
+        "count of n, and the earliest one's µs before its deadline",
+    );
+    let mut memory = Table::new(
+        "Memory per pending timer (deadlines in [1 h, 2 h))",
+        "heap bytes",
+    );
+    let mut producers = Table::new(
+        "Many producers: register + cancel pairs from P tasks at once",
+        "ns per pair",
+    )
+    .versus(TOKIO);
+    let mut idle = Table::new(
+        "Idle: 2 s with 10^5 far-future timers pending",
+        "CPU ms; wake-ups in 2 s",
+    );
+
+    // Idle first: pingora-timeout's clock thread, started by the first `fast_timeout` (ready
+    // and timeouts groups), wakes every 10 ms for the rest of the process and cannot be
+    // stopped; its wake-ups are left out of the count, but its CPU would not be.
+    if run_idle {
+        let n = IDLE_TIMERS;
+        let cpu_row = format!("n = {n}, CPU ms");
+        let switches_row = format!("n = {n}, thread wake-ups (voluntary context switches)");
+        let wakeups_row = format!("n = {n}, actor wake-ups (tokio-wheel Stats)");
+        let mut record = |system: &str, report: IdleReport| {
+            idle.add(&cpu_row, system, report.cpu.as_secs_f64() * 1e3);
+            if let Some(switches) = report.thread_wakeups {
+                idle.add(&switches_row, system, switches as f64);
+            }
+            if let Some(wakeups) = report.wakeups {
+                idle.add(&wakeups_row, system, wakeups as f64);
+            }
+        };
+        progress.step("idle tokio");
+        record(TOKIO, on_worker(&runtime, idle_tokio(n)));
+        progress.step("idle kestrel-timer");
+        let timer = kestrel(&runtime);
+        record(KESTREL, on_worker(&runtime, idle_kestrel(timer.clone(), n)));
+        on_worker(&runtime, kestrel_shutdown(timer));
+        progress.step("idle hierarchical_hash_wheel_timer");
+        let timer = hash_wheel();
+        record(
+            HASH_WHEEL,
+            on_worker(&runtime, idle_hash_wheel(timer.timer_ref(), n)),
+        );
+        timer.shutdown().expect("timer thread");
+        progress.step("idle tokio-wheel");
+        let wheel = new_wheel();
+        record(OURS, on_worker(&runtime, idle_wheel(wheel.clone(), n)));
+        retire(&runtime, wheel);
+    }
+
+    if wanted("schedule") {
+        let wheel = new_wheel();
+        let kestrel_timer = kestrel(&runtime);
+        let thread_timer = hash_wheel();
+        for &n in &sizes {
+            let delays = Arc::new(Rng(42).delays(n));
+            let label = format!("n = {n}");
+            for rep in 0..runs {
+                progress.step(&format!("schedule+cancel n={n}"));
+                let tokio = on_worker(&runtime, schedule_cancel_tokio(delays.clone()));
+                progress.step(&format!("schedule+cancel n={n}"));
+                let queue = on_worker(&runtime, schedule_cancel_delay_queue(delays.clone()));
+                progress.step(&format!("schedule+cancel n={n}"));
+                let kestrel = on_worker(
+                    &runtime,
+                    schedule_cancel_kestrel(kestrel_timer.clone(), delays.clone()),
+                );
+                progress.step(&format!("schedule+cancel n={n}"));
+                let thread = on_worker(
+                    &runtime,
+                    schedule_cancel_hash_wheel(thread_timer.timer_ref(), delays.clone()),
+                );
+                progress.step(&format!("schedule+cancel n={n}"));
+                let ours = on_worker(
+                    &runtime,
+                    schedule_cancel_wheel(wheel.clone(), delays.clone()),
+                );
+                if rep == 0 {
+                    continue; // warm-up
+                }
+                for (system, r, caller) in [
+                    (TOKIO, tokio, false),
+                    (DELAY_QUEUE, queue, false),
+                    (KESTREL, kestrel, false),
+                    (HASH_WHEEL, thread, false),
+                    (HASH_WHEEL_CALLER, thread, true),
+                    (OURS, ours, false),
+                    (OURS_CALLER, ours, true),
+                ] {
+                    let (s, c, p) = if caller {
+                        (r.caller_scheduled, r.caller_cancelled, r.caller_pair())
+                    } else {
+                        (r.scheduled, r.cancelled, r.pair())
+                    };
+                    schedule.add(&label, system, ns_per(s, n));
+                    cancel.add(&label, system, ns_per(c, n));
+                    pair.add(&label, system, ns_per(p, n));
+                }
+            }
+        }
+        retire(&runtime, wheel);
+        on_worker(&runtime, kestrel_shutdown(kestrel_timer));
+        thread_timer.shutdown().expect("timer thread");
+    }
+
+    if wanted("ready") {
+        let wheel = new_wheel();
+        for &n in &sizes {
+            let delays = Arc::new(Rng(42).delays(n));
+            let label = format!("n = {n}");
+            for rep in 0..runs {
+                progress.step(&format!("ready-future timeout n={n}"));
+                let tokio = on_worker(&runtime, ready_timeout_tokio(delays.clone()));
+                progress.step(&format!("ready-future timeout n={n}"));
+                let pingora = on_worker(&runtime, ready_timeout_pingora(delays.clone()));
+                progress.step(&format!("ready-future timeout n={n}"));
+                let ours = on_worker(&runtime, ready_timeout_wheel(wheel.clone(), delays.clone()));
+                if rep > 0 {
+                    ready.add(&label, "tokio::time::timeout", ns_per(tokio, n));
+                    ready.add(&label, "pingora fast_timeout", ns_per(pingora, n));
+                    ready.add(&label, OURS, ns_per(ours, n));
+                }
+            }
+        }
+        retire(&runtime, wheel);
+    }
+
+    if wanted("timeouts") {
+        let wheel = new_wheel();
+        for &n in &sizes {
+            let delays = Arc::new(Rng(42).delays(n));
+            let label = format!("n = {n}");
+            for rep in 0..runs {
+                progress.step(&format!("timeouts n={n}"));
+                let tokio = on_worker(&runtime, timeout_churn_tokio(delays.clone()));
+                progress.step(&format!("timeouts n={n}"));
+                let pingora = on_worker(&runtime, timeout_churn_pingora(delays.clone()));
+                progress.step(&format!("timeouts n={n}"));
+                let ours = on_worker(&runtime, timeout_churn_wheel(wheel.clone(), delays.clone()));
+                if rep > 0 {
+                    timeouts.add(&label, "tokio::time::timeout", ns_per(tokio, n));
+                    timeouts.add(&label, "pingora fast_timeout", ns_per(pingora, n));
+                    timeouts.add(&label, OURS, ns_per(ours, n));
+                }
+            }
+        }
+        retire(&runtime, wheel);
+    }
+
+    if wanted("postpone") {
+        let wheel = new_wheel();
+        let set = on_worker(&runtime, {
+            let wheel = wheel.clone();
+            async move { KeyedSet::<()>::new(&wheel) }
+        });
+        let kestrel_timer = kestrel(&runtime);
+        for &n in &sizes {
+            for how in [Move::Later, Move::Earlier] {
+                let row = format!("{how:?}, n = {n}");
+                let moves = n * rounds as usize;
+                for rep in 0..runs {
+                    let what = format!("postpone {how:?} n={n}");
+                    progress.step(&what);
+                    let tokio = on_worker(&runtime, postpone_tokio(n, rounds, how));
+                    progress.step(&what);
+                    let queue = on_worker(&runtime, postpone_delay_queue(n, rounds, how));
+                    progress.step(&what);
+                    let shared = on_worker(&runtime, postpone_shared_delay_queue(n, rounds, how));
+                    progress.step(&what);
+                    let kestrel = on_worker(
+                        &runtime,
+                        postpone_kestrel(kestrel_timer.clone(), n, rounds, how),
+                    );
+                    progress.step(&what);
+                    let sleeps = on_worker(&runtime, postpone_wheel(wheel.clone(), n, rounds, how));
+                    progress.step(&what);
+                    let keyed =
+                        on_worker(&runtime, postpone_keyed(set.timers.clone(), n, rounds, how));
+                    if rep == 0 {
+                        continue;
+                    }
+                    postpone.add(&row, "tokio Sleep::reset", ns_per(tokio, moves));
+                    postpone.add(&row, "&mut DelayQueue::reset", ns_per(queue, moves));
+                    postpone.add(&row, "Mutex<DelayQueue>::reset", ns_per(shared, moves));
+                    postpone.add(&row, "kestrel-timer postpone", ns_per(kestrel, moves));
+                    postpone.add(&row, "tokio-wheel Sleep::reset", ns_per(sleeps, moves));
+                    postpone.add(&row, "tokio-wheel Timers::reset", ns_per(keyed, moves));
+                }
+            }
+        }
+        drop(set);
+        retire(&runtime, wheel);
+        on_worker(&runtime, kestrel_shutdown(kestrel_timer));
+    }
+
+    if wanted("keyed") {
+        let wheel = new_wheel();
+        let set = on_worker(&runtime, {
+            let wheel = wheel.clone();
+            async move { KeyedSet::<()>::new(&wheel) }
+        });
+        for &n in &sizes {
+            let delays = Arc::new(Rng(42).delays(n));
+            for rep in 0..runs {
+                progress.step(&format!("keyed schedule+cancel n={n}"));
+                let queue = on_worker(&runtime, keyed_schedule_cancel_delay_queue(delays.clone()));
+                progress.step(&format!("keyed schedule+cancel n={n}"));
+                let shared = on_worker(
+                    &runtime,
+                    keyed_schedule_cancel_shared_delay_queue(delays.clone()),
+                );
+                progress.step(&format!("keyed schedule+cancel n={n}"));
+                let ours = on_worker(
+                    &runtime,
+                    keyed_schedule_cancel_wheel(set.timers.clone(), delays.clone()),
+                );
+                if rep == 0 {
+                    continue;
+                }
+                for (system, r, caller) in [
+                    ("&mut DelayQueue + HashMap", queue, false),
+                    ("Mutex<DelayQueue + HashMap>", shared, false),
+                    ("tokio-wheel Timers", ours, false),
+                    ("tokio-wheel Timers (caller side only)", ours, true),
+                ] {
+                    let (s, c, p) = if caller {
+                        (r.caller_scheduled, r.caller_cancelled, r.caller_pair())
+                    } else {
+                        (r.scheduled, r.cancelled, r.pair())
+                    };
+                    keyed.add(&format!("n = {n}, set"), system, ns_per(s, n));
+                    keyed.add(&format!("n = {n}, remove"), system, ns_per(c, n));
+                    keyed.add(&format!("n = {n}, set + remove"), system, ns_per(p, n));
+                }
+            }
+        }
+        drop(set);
+        retire(&runtime, wheel);
+    }
+
+    if wanted("churn") {
+        let wheel = new_wheel();
+        let set = on_worker(&runtime, {
+            let wheel = wheel.clone();
+            async move { KeyedSet::<u64>::new(&wheel) }
+        });
+        for &n in &sizes {
+            let label = format!("n = {n}");
+            let ops = Arc::new(churn_ops(n, 4 * n));
+            for rep in 0..runs {
+                progress.step(&format!("keyed churn n={n}"));
+                let queue = on_worker(&runtime, churn_delay_queue(n, ops.clone()));
+                progress.step(&format!("keyed churn n={n}"));
+                let shared = on_worker(&runtime, churn_shared_delay_queue(n, ops.clone()));
+                progress.step(&format!("keyed churn n={n}"));
+                let ours = on_worker(&runtime, churn_keyed(set.timers.clone(), n, ops.clone()));
+                if rep > 0 {
+                    churn.add(
+                        &label,
+                        "&mut DelayQueue + HashMap",
+                        ns_per(queue, ops.len()),
+                    );
+                    churn.add(
+                        &label,
+                        "Mutex<DelayQueue + HashMap>",
+                        ns_per(shared, ops.len()),
+                    );
+                    churn.add(&label, "tokio-wheel Timers", ns_per(ours, ops.len()));
+                }
+            }
+        }
+        drop(set);
+        retire(&runtime, wheel);
+    }
+
+    if wanted("producers") {
+        let wheel = new_wheel();
+        let kestrel_timer = kestrel(&runtime);
+        let thread_timer = hash_wheel();
+        for tasks in producer_counts {
+            let row = format!("P = {tasks}");
+            let per_task = producer_pairs / tasks;
+            let pairs = per_task * tasks;
+            for rep in 0..runs {
+                progress.step(&format!("producers P={tasks}"));
+                let tokio = on_worker(&runtime, producers_tokio(tasks, per_task));
+                progress.step(&format!("producers P={tasks}"));
+                let shared = on_worker(&runtime, producers_shared_delay_queue(tasks, per_task));
+                progress.step(&format!("producers P={tasks}"));
+                let kestrel = on_worker(
+                    &runtime,
+                    producers_kestrel(kestrel_timer.clone(), tasks, per_task),
+                );
+                progress.step(&format!("producers P={tasks}"));
+                let thread = on_worker(
+                    &runtime,
+                    producers_hash_wheel(thread_timer.timer_ref(), tasks, per_task),
+                );
+                progress.step(&format!("producers P={tasks}"));
+                let ours = on_worker(&runtime, producers_wheel(wheel.clone(), tasks, per_task));
+                if rep > 0 {
+                    producers.add(&row, TOKIO, ns_per(tokio, pairs));
+                    producers.add(&row, "Mutex<DelayQueue>", ns_per(shared, pairs));
+                    producers.add(&row, "Arc<kestrel-timer>", ns_per(kestrel, pairs));
+                    producers.add(&row, HASH_WHEEL, ns_per(thread, pairs));
+                    producers.add(&row, OURS, ns_per(ours, pairs));
+                }
+            }
+        }
+        retire(&runtime, wheel);
+        on_worker(&runtime, kestrel_shutdown(kestrel_timer));
+        thread_timer.shutdown().expect("timer thread");
+    }
+
+    if wanted("fire") {
+        let wheel = new_wheel();
+        let mut set = Some(on_worker(&runtime, {
+            let wheel = wheel.clone();
+            async move { KeyedSet::<()>::new(&wheel) }
+        }));
+        for &n in &sizes {
+            let label = format!("n = {n}");
+            let mut record = |system: &str, report: FireReport| {
+                fire_cpu.add(&label, system, report.cpu_per_timer.as_nanos() as f64);
+                let us = |ns: i64| ns as f64 / 1_000.0;
+                lateness.add(&format!("{label} p50"), system, us(report.percentile(0.5)));
+                lateness.add(&format!("{label} p99"), system, us(report.percentile(0.99)));
+                lateness.add(&format!("{label} max"), system, us(report.max()));
+                early.add(&format!("{label}, timers"), system, report.early() as f64);
+                early.add(
+                    &format!("{label}, most early (µs)"),
+                    system,
+                    report.most_early().as_nanos() as f64 / 1_000.0,
+                );
+                if report.early() > 0 {
+                    lateness.exclude(system, "it completed timers before their deadline");
+                }
+            };
+            progress.step(&format!("fire n={n} tokio"));
+            record(TOKIO, on_worker(&runtime, fire_tokio(n)));
+            progress.step(&format!("fire n={n} DelayQueue"));
+            record(DELAY_QUEUE, on_worker(&runtime, fire_delay_queue(n)));
+            // A kestrel wheel and a timer thread per run: an idle one still ticks (kestrel
+            // every 10 ms) and would be charged to the other peers' CPU.
+            progress.step(&format!("fire n={n} kestrel-timer"));
+            let timer = kestrel(&runtime);
+            record(KESTREL, on_worker(&runtime, fire_kestrel(timer.clone(), n)));
+            on_worker(&runtime, kestrel_shutdown(timer));
+            progress.step(&format!("fire n={n} hierarchical_hash_wheel_timer"));
+            let timer = hash_wheel();
+            record(
+                HASH_WHEEL,
+                on_worker(&runtime, fire_hash_wheel(timer.timer_ref(), n)),
+            );
+            timer.shutdown().expect("timer thread");
+            progress.step(&format!("fire n={n} tokio-wheel Sleep"));
+            record(
+                "tokio-wheel Sleep",
+                on_worker(&runtime, fire_wheel(wheel.clone(), n)),
+            );
+            progress.step(&format!("fire n={n} tokio-wheel keyed"));
+            let (report, keyed_set) =
+                on_worker(&runtime, fire_keyed(set.take().expect("keyed set"), n));
+            set = Some(keyed_set);
+            record("tokio-wheel keyed", report);
+        }
+        drop(set);
+        retire(&runtime, wheel);
+    }
+
+    if wanted("memory") {
+        // A fresh wheel (and peer) per measurement: memory per pending timer includes what
+        // the timer service itself grows to hold them, which a warm long-lived service would
+        // hide (its capacity would already be there before the count starts).
+        for &n in &memory_sizes {
+            let label = format!("n = {n}");
+            progress.step(&format!("memory n={n} tokio"));
+            let (b, held) = on_worker(&runtime, bytes_per_timer(n, hold_tokio_sleeps));
+            drop(held);
+            memory.add(&label, "tokio Box<Sleep>", b);
+            progress.step(&format!("memory n={n} DelayQueue"));
+            let (b, held) = on_worker(&runtime, bytes_per_timer(n, hold_delay_queue));
+            drop(held);
+            memory.add(&label, "DelayQueue entry", b);
+            progress.step(&format!("memory n={n} kestrel-timer"));
+            let timer = kestrel(&runtime);
+            let (b, held) = on_worker(
+                &runtime,
+                bytes_per_timer(n, move |n| hold_kestrel(timer, n)),
+            );
+            let (timer, handles) = held;
+            drop(handles);
+            on_worker(&runtime, kestrel_shutdown(timer));
+            memory.add(&label, KESTREL, b);
+            progress.step(&format!("memory n={n} hierarchical_hash_wheel_timer"));
+            let timer = hash_wheel();
+            let timer_ref = timer.timer_ref();
+            let (b, held) = on_worker(
+                &runtime,
+                bytes_per_timer(n, move |n| hold_hash_wheel(timer_ref, n)),
+            );
+            drop(held);
+            timer.shutdown().expect("timer thread");
+            memory.add(&label, HASH_WHEEL, b);
+            progress.step(&format!("memory n={n} tokio-wheel Sleep"));
+            let w = new_wheel();
+            let (b, held) = on_worker(&runtime, {
+                let w = w.clone();
+                bytes_per_timer(n, move |n| hold_wheel_sleeps(w, n))
+            });
+            drop(held);
+            shutdown(&runtime, w);
+            memory.add(&label, "tokio-wheel Sleep", b);
+            progress.step(&format!("memory n={n} tokio-wheel job"));
+            let w = new_wheel();
+            let (b, held) = on_worker(&runtime, {
+                let w = w.clone();
+                bytes_per_timer(n, move |n| hold_wheel_jobs(w, n))
+            });
+            for job in &held {
+                job.cancel();
+            }
+            drop(held);
+            shutdown(&runtime, w);
+            memory.add(&label, "tokio-wheel job", b);
+            progress.step(&format!("memory n={n} tokio-wheel keyed"));
+            let w = new_wheel();
+            let (b, held) = on_worker(&runtime, {
+                let w = w.clone();
+                bytes_per_timer(n, move |n| hold_keyed(w, n))
+            });
+            drop(held);
+            shutdown(&runtime, w);
+            memory.add(&label, "tokio-wheel keyed entry", b);
+        }
+    }
+    eprintln!();
+
+    println!(
+        "## tokio-wheel vs tokio::time, DelayQueue, pingora-timeout, kestrel-timer and hierarchical_hash_wheel_timer\n"
+    );
+    let mut command = String::from("cargo run --release -p tokio-wheel-compare --example compare");
+    if args.len() > 1 {
+        command += " --";
+        for arg in &args[1..] {
+            command += &format!(" {arg}");
+        }
+    }
+    println!(
+        "`{command}` · {reps} repetitions reported per case, after one warm-up repetition of \
+         every system that is not · 2 Tokio workers"
+    );
+    println!();
+    println!(
+        "**Steady state.** Each scenario group uses one long-lived tokio-wheel `Wheel` (and, \
+         for keyed scenarios, one keyed set), built before the group's first repetition, \
+         kept across its repetitions and sizes, and shut down after the group; every \
+         repetition leaves it empty (cancelled, fired or drained, then flushed) outside the \
+         measured time. `kestrel-timer` and `hierarchical_hash_wheel_timer` are kept the same \
+         way (one wheel with its tick task, one timer thread) in schedule + cancel, postpone \
+         and producers; in fire and idle each run gets its own, so that an idle one never \
+         ticks under another peer's measurement. `DelayQueue` is built per repetition with \
+         the capacity it needs. Fire runs once per system and size (no warm-up). Memory \
+         builds a fresh wheel or peer per measurement, so that the service's own growth is \
+         counted."
+    );
+    if run_idle && pingora_clock_running() {
+        println!();
+        println!(
+            "Note: pingora-timeout's clock thread ran during the idle scenario; its wake-ups \
+             are left out, its CPU is not."
+        );
+    }
+    for table in [
+        &idle, &schedule, &cancel, &pair, &ready, &timeouts, &postpone, &keyed, &churn, &producers,
+        &fire_cpu, &lateness, &early, &memory,
+    ] {
+        if !table.rows.is_empty() {
+            table.print();
+        }
+    }
+}
