@@ -61,8 +61,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::engine::{
-    Consumer, Reply, Request, Settings, attach, far_future, now_ms, stale_cursor,
-    system_time,
+    Consumer, Reply, Request, Settings, attach, far_future, now_ms, stale_cursor, system_time,
 };
 use super::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState, percentile};
 use super::recurring::Spec;

@@ -9,13 +9,12 @@
 //!
 //! Run: `cargo bench -p tokio-wheel-compare --bench compare`
 
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tokio_wheel_compare::*;
 use tokio_wheel::Wheel;
+use tokio_wheel_compare::*;
 
 const N: usize = 10_000;
 const ROUNDS: u32 = 10;

@@ -16,14 +16,13 @@
 //! Which peer is in which scenario, and why not elsewhere: see the head of
 //! `benches/compare/src/lib.rs`.
 
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_wheel_compare::*;
 use tokio_wheel::Wheel;
+use tokio_wheel_compare::*;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;

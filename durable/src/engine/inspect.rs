@@ -1,0 +1,178 @@
+//! Inspection inside a step: get, paged lists and their cursors, dead letters, purge, stats.
+
+use super::*;
+
+impl StepState<'_> {
+    pub(super) fn purge(
+        &mut self,
+        tasks: &mut Tasks<'_>,
+        before_ms: u64,
+    ) -> Result<(u64, bool), Error> {
+        let page = tasks.ordered(Table::Dead, None, STEP_LIMIT)?;
+        let full = page.len() == STEP_LIMIT;
+        let mut removed = 0;
+        for (dead_ms, _, id) in page {
+            if dead_ms >= before_ms {
+                return Ok((removed, true));
+            }
+            let record = tasks.get(&id)?.ok_or_else(|| missing(&id))?;
+            tasks.delete(&id, &record)?;
+            removed += 1;
+        }
+        Ok((removed, !full))
+    }
+
+    pub(super) fn info(&self, id: &str, record: &Record) -> TaskInfo {
+        let state = match record.state {
+            State::Pending | State::Recurring => TaskState::Pending,
+            State::Dead => TaskState::Dead {
+                reason: record.reason.clone(),
+            },
+            State::InFlight => TaskState::InFlight {
+                attempt: record.attempts,
+                lease_until: system_time(self.lease_end(id)),
+            },
+        };
+        TaskInfo {
+            id: TaskId::from(id),
+            state,
+            due: system_time(record.due_ms),
+            attempts: record.attempts,
+            payload_len: usize::try_from(record.payload_len).unwrap_or(usize::MAX),
+            reason: (record.state == State::Dead).then(|| record.reason.clone()),
+        }
+    }
+
+    /// When `id`'s lease ends (a buffered claim: as if handed out now).
+    pub(super) fn lease_end(&self, id: &str) -> u64 {
+        self.flights
+            .of(id)
+            .and_then(|f| f.lease_until)
+            .unwrap_or_else(|| self.now.saturating_add(self.settings.lease_ms()))
+    }
+
+    pub(super) fn get(
+        &mut self,
+        tasks: &mut Tasks<'_>,
+        id: &str,
+    ) -> Result<Option<TaskInfo>, Error> {
+        Ok(tasks.get(id)?.map(|record| self.info(id, &record)))
+    }
+
+    pub(super) fn list(
+        &mut self,
+        tasks: &mut Tasks<'_>,
+        filter: TaskFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, Error> {
+        if filter == TaskFilter::InFlight {
+            // Few (bounded by the streams' prefetch), and in memory: sorted here. Claims still
+            // in a stream's buffer sort after every delivery handed out (their reported lease
+            // end slides with the clock, so it cannot order pages).
+            let mut flights: Vec<(u64, String)> = self
+                .flights
+                .tokens
+                .keys()
+                .map(|id| {
+                    let end = self.flights.of(id).and_then(|f| f.lease_until);
+                    (end.unwrap_or(u64::MAX), id.clone())
+                })
+                .collect();
+            flights.sort_unstable();
+            let start = match after {
+                None => 0,
+                Some(after) => {
+                    let position = flights.iter().position(|(_, id)| id == after);
+                    position.ok_or_else(|| stale_cursor(after, filter))? + 1
+                }
+            };
+            let mut page = Vec::new();
+            for (_, id) in flights.into_iter().skip(start).take(limit) {
+                let record = tasks.get(&id)?.ok_or_else(|| missing(&id))?;
+                page.push(self.info(&id, &record));
+            }
+            return Ok(page);
+        }
+        let (table, cursor) = self.cursor(tasks, filter, after)?;
+        let mut page = Vec::new();
+        for (_, _, id) in tasks.ordered(table, cursor, limit)? {
+            let record = tasks.get(&id)?.ok_or_else(|| missing(&id))?;
+            page.push(self.info(&id, &record));
+        }
+        Ok(page)
+    }
+
+    /// The index and the position after `after` in it, for the pending or dead list.
+    pub(super) fn cursor(
+        &self,
+        tasks: &mut Tasks<'_>,
+        filter: TaskFilter,
+        after: Option<&str>,
+    ) -> Result<(Table, Option<(u64, u64)>), Error> {
+        let table = match filter {
+            TaskFilter::Dead => Table::Dead,
+            _ => Table::Pending,
+        };
+        let Some(after) = after else {
+            return Ok((table, None));
+        };
+        let record = tasks.get(after)?;
+        let position = match (filter, record) {
+            (TaskFilter::Dead, Some(r)) if r.state == State::Dead => (r.dead_ms, r.seq),
+            (TaskFilter::Pending, Some(r))
+                if matches!(r.state, State::Pending | State::Recurring) =>
+            {
+                (r.due_ms, r.seq)
+            }
+            _ => return Err(stale_cursor(after, filter)),
+        };
+        Ok((table, Some(position)))
+    }
+
+    pub(super) fn dead_letters(
+        &mut self,
+        tasks: &mut Tasks<'_>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        let (_, mut cursor) = self.cursor(tasks, TaskFilter::Dead, after)?;
+        let mut letters = Vec::new();
+        while letters.len() < limit {
+            let page =
+                tasks.ordered(Table::Dead, cursor, (limit - letters.len()).min(STEP_LIMIT))?;
+            let Some(&(dead_ms, seq, _)) = page.last() else {
+                break;
+            };
+            cursor = Some((dead_ms, seq));
+            for (_, _, id) in page {
+                let record = tasks.get(&id)?.ok_or_else(|| missing(&id))?;
+                letters.push(DeadLetter {
+                    payload: tasks.payload(&id)?.unwrap_or_default(),
+                    id: TaskId::from(id),
+                    attempts: record.attempts,
+                    reason: record.reason,
+                });
+            }
+        }
+        Ok(letters)
+    }
+
+    pub(super) fn stats(&mut self, tasks: &mut Tasks<'_>) -> Result<QueueStats, Error> {
+        let mut samples = self.lateness.samples();
+        let c = *self.counters;
+        Ok(QueueStats {
+            pending: tasks.count(Table::Pending)?,
+            in_flight: tasks.count(Table::InFlight)?,
+            dead: tasks.count(Table::Dead)?,
+            delivered: c.delivered,
+            acked: c.acked,
+            retried: c.retried,
+            dead_lettered: c.dead_lettered,
+            expired: c.expired,
+            returned: c.returned,
+            lateness_p50: percentile(&mut samples, 50),
+            lateness_p99: percentile(&mut samples, 99),
+        })
+    }
+}
