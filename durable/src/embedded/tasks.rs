@@ -14,8 +14,8 @@
 //! | `InFlight` | id | nothing |
 //! | `Meta` | name | u64 (`format`, `seq`, and the counters) |
 
-use super::Error;
 use super::store::{RedbStore, Store, Table, Transaction};
+use crate::Error;
 
 /// The record format this version writes.
 pub(crate) const FORMAT: u64 = 2;

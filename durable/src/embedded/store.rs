@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
-use super::Error;
+use crate::Error;
 
 /// The tables of a store. Keys and values are opaque bytes to the store; the queue defines
 /// their layout (the format is versioned in [`Table::Meta`]).

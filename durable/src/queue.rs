@@ -1,0 +1,362 @@
+//! [`DurableQueue`]: schedule, cancel, reschedule, inspect, redrive and close; each call a
+//! request to the engine (embedded) or a script on the server (Redis).
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_wheel::Wheel;
+
+use crate::engine::{Consumer, Request};
+use crate::{Builder, DeadLetter, Deliveries, Error, Task, TaskId, delay_ms, epoch_ms};
+use crate::{PAGE_LIMIT, QueueStats, Recurring, TaskFilter, TaskInfo};
+
+/// Where a handle's calls go: through the engine task (embedded: it owns the store), or
+/// straight to the Redis server from the caller's task (each call is one atomic script; the
+/// Redis engine only claims, and is told what finished).
+#[derive(Clone)]
+pub(crate) enum Route {
+    Engine,
+    #[cfg(feature = "redis")]
+    Redis(Arc<crate::redis::Shared>),
+}
+
+/// A durable queue of delayed tasks. Cheap to clone; every clone talks to one engine.
+///
+/// See the [crate documentation](crate) for what it guarantees.
+#[derive(Clone)]
+pub struct DurableQueue {
+    pub(crate) requests: mpsc::UnboundedSender<Request>,
+    pub(crate) prefetch: usize,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) route: Route,
+}
+
+impl fmt::Debug for DurableQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DurableQueue")
+            .field("closed", &self.requests.is_closed())
+            .field("prefetch", &self.prefetch)
+            .finish()
+    }
+}
+
+impl DurableQueue {
+    /// Opens the embedded store at `path` with the default settings. See [`Builder::open`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Builder::open`].
+    pub async fn open(path: impl AsRef<Path>, wheel: &Wheel) -> Result<DurableQueue, Error> {
+        Builder::default().open(path, wheel).await
+    }
+
+    /// A [`Builder`] for retry policy, lease, prefetch, keep-alive and close timeout.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    async fn ask<T>(
+        &self,
+        request: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> Request,
+    ) -> Result<T, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.requests
+            .send(request(reply))
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The Redis connection to call directly, or `None` to go through the engine.
+    #[cfg(feature = "redis")]
+    fn redis(&self) -> Result<Option<&crate::redis::Shared>, Error> {
+        match &self.route {
+            Route::Engine => Ok(None),
+            _ if self.requests.is_closed() => Err(Error::Closed),
+            Route::Redis(shared) => Ok(Some(shared)),
+        }
+    }
+
+    /// Stores the task; returns its id once it is durable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Io`],
+    /// [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.schedule(task).await;
+        }
+        self.ask(|reply| Request::Schedule(task, reply)).await
+    }
+
+    /// Cancels a pending task: `Ok(true)` means it will not be delivered.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn cancel(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "cancel", 0).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::Cancel(id, reply)).await
+    }
+
+    /// Moves a pending task to `when`: `Ok(true)` if it was pending.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn reschedule(&self, id: &TaskId, when: SystemTime) -> Result<bool, Error> {
+        let due_ms = epoch_ms(when);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "reschedule", due_ms).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::Reschedule(id, due_ms, reply))
+            .await
+    }
+
+    /// Tasks pending or in flight (not dead letters).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn len(&self) -> Result<usize, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.len().await;
+        }
+        self.ask(Request::Len).await
+    }
+
+    /// Whether nothing is pending or in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn is_empty(&self) -> Result<bool, Error> {
+        Ok(self.len().await? == 0)
+    }
+
+    /// Every dead letter with its payload, in the order they died. This reads the whole set
+    /// (in pages of 1000 on Redis, so the server is never blocked): prefer
+    /// [`dead_letters_page`](DurableQueue::dead_letters_page) for long lists.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.dead_letters().await;
+        }
+        self.ask(Request::DeadLetters).await
+    }
+
+    /// Moves a dead letter back to pending, due now, with its attempt count reset:
+    /// `Ok(true)` if it was dead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn redrive(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "redrive", 0).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::Redrive(id, reply)).await
+    }
+
+    /// One task as the store holds it (without its payload), or `None` if there is no task
+    /// of that id. A recurring schedule shows as pending at its next occurrence.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn get(&self, id: &TaskId) -> Result<Option<TaskInfo>, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.get(id.as_str()).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::Get(id, reply)).await
+    }
+
+    /// A page of at most `limit` tasks (capped at [`PAGE_LIMIT`]) in one state, after the
+    /// task `after` (from the start if `None`): pending tasks in due order (ties in schedule
+    /// order), in-flight tasks in order of lease end, dead letters in the order they died.
+    /// Pass the last id of a page as `after` to get the next one; an empty page is the end.
+    ///
+    /// Each page is one bounded read (on Redis, `ZRANK` and `ZRANGE … LIMIT` on the index:
+    /// never the whole set). The list is live: a task that moves between pages (rescheduled,
+    /// replaced, extended, finished) may be missed or seen twice. The cursor is a task, found
+    /// where it is now: if the task named by `after` itself moved within its state (say, was
+    /// rescheduled later), the next page continues from its new place and the tasks it passed
+    /// are not listed, so list again from the start after moving the task you page by.
+    /// In flight, claims still waiting in a stream's buffer come after the deliveries handed
+    /// out (embedded store, in id order); on Redis they are kept alive by renewals and move
+    /// like extended leases.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] if `after` is no longer in that state (list again from the start),
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn list(
+        &self,
+        filter: TaskFilter,
+        after: Option<&TaskId>,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, Error> {
+        let limit = limit.min(PAGE_LIMIT);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.list(filter, after.map(TaskId::as_str), limit).await;
+        }
+        let after = after.map(|id| id.as_str().to_owned());
+        self.ask(|reply| Request::List(filter, after, limit, reply))
+            .await
+    }
+
+    /// A page of at most `limit` dead letters (capped at [`PAGE_LIMIT`]) with their
+    /// payloads, in the order they died, after the dead letter `after`.
+    ///
+    /// # Errors
+    ///
+    /// As [`list`](DurableQueue::list).
+    pub async fn dead_letters_page(
+        &self,
+        after: Option<&TaskId>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        let limit = limit.min(PAGE_LIMIT);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis
+                .dead_letters_page(after.map(TaskId::as_str), limit)
+                .await;
+        }
+        let after = after.map(|id| id.as_str().to_owned());
+        self.ask(|reply| Request::DeadPage(after, limit, reply))
+            .await
+    }
+
+    /// Deletes the dead letters that died more than `older_than` ago (by the store's clock),
+    /// in bounded batches; returns how many. `Duration::ZERO` purges them all.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn purge_dead(&self, older_than: Duration) -> Result<u64, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.purge_dead(delay_ms(older_than)).await;
+        }
+        let before_ms = if older_than.is_zero() {
+            u64::MAX
+        } else {
+            crate::engine::now_ms().saturating_sub(delay_ms(older_than))
+        };
+        self.ask(|reply| Request::Purge {
+            before_ms,
+            removed: 0,
+            reply: Some(reply),
+        })
+        .await
+    }
+
+    /// The queue's counts and counters (see [`QueueStats`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn stats(&self) -> Result<QueueStats, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.stats().await;
+        }
+        self.ask(Request::Stats).await
+    }
+
+    /// Stores a recurring schedule and returns its id once it is durable. Each occurrence is
+    /// delivered once, as an ordinary [`Delivery`](crate::Delivery) with the id `"{id}@{ms}"` whose
+    /// [`due`](crate::Delivery::due) is the occurrence's time, across every worker and restart (see
+    /// [`Recurring`]). Declaring the same id with the same definition again keeps the
+    /// schedule as it is, so every process may declare its schedules at start-up.
+    ///
+    /// Occurrences are made when a consumer claims: a queue nobody consumes makes none, and
+    /// those it missed are caught up by the [`CatchUp`](crate::CatchUp) rule when consuming starts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a period under 1 ms, [`Error::InFlight`] if a task of that id
+    /// is being delivered, [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn schedule_recurring(&self, recurring: Recurring) -> Result<TaskId, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.schedule_recurring(recurring).await;
+        }
+        self.ask(|reply| Request::ScheduleRecurring(recurring, reply))
+            .await
+    }
+
+    /// Removes a recurring schedule: `Ok(true)` if there was one. Occurrences already made
+    /// stay (cancel them as tasks).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn cancel_recurring(&self, id: &TaskId) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.change(id.as_str(), "uncron", 0).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::CancelRecurring(id, reply)).await
+    }
+
+    /// A stream of due tasks. Tasks are claimed only while a stream is polled, at most the
+    /// prefetch ahead of what was read. May be called more than once; each task goes to one
+    /// stream. The stream ends when the queue closes or its wheel shuts down. Dropping it
+    /// returns the tasks it had claimed but not yet yielded at once, attempt count unchanged.
+    pub fn deliveries(&self) -> Deliveries {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let credits = Arc::new(AtomicUsize::new(0));
+        let in_transit = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicBool::new(false));
+        let _ = self.requests.send(Request::Subscribe(Consumer {
+            credits: credits.clone(),
+            in_transit: in_transit.clone(),
+            closed: closed.clone(),
+            sender,
+        }));
+        Deliveries {
+            receiver,
+            credits,
+            in_transit,
+            closed,
+            prefetch: self.prefetch,
+            requests: self.requests.clone(),
+        }
+    }
+
+    /// Closes the queue gracefully and releases the store for another handle; pending tasks
+    /// stay in the store.
+    ///
+    /// In order: stops claiming; returns the tasks its streams had claimed but not yet
+    /// yielded (at once, their attempt count unchanged) and ends the streams; then waits for
+    /// the deliveries it handed out to be finished or dropped, at most
+    /// [`Builder::close_timeout`] (default 30 s) — what is still held after that is left to
+    /// its lease. Other clones and deliveries answer [`Error::Closed`] once it returns.
+    pub async fn close(&self) {
+        let _ = self.ask(Request::Close).await;
+    }
+}
