@@ -115,3 +115,8 @@ pub(crate) use self::{delivery::Outcome, task::Due};
 /// The most entries one page of [`DurableQueue::list`] or [`DurableQueue::dead_letters_page`]
 /// returns.
 pub const PAGE_LIMIT: usize = 1000;
+
+/// The README's code samples, compiled as doc tests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSamples;
