@@ -1,4 +1,8 @@
 //! [`Wheel`]: the cheap, cloneable handle every other type starts from.
+//!
+//! Starting a wheel (`Wheel::new`, `Wheel::builder`) lives in `builder.rs`. The futures, jobs
+//! and keyed sets made here hold the wheel's [`WheelContext`], not the `Wheel`, so imports run
+//! one way: this file → the handles → the actor.
 
 use std::fmt;
 use std::future::Future;
