@@ -1,4 +1,9 @@
-//! [`Builder`]: tick, layout, name and runtime of a new [`Wheel`].
+//! Starting a wheel: [`Wheel::new`], [`Wheel::builder`] and the [`Builder`] that sets tick,
+//! layout, name and runtime.
+//!
+//! Everything that starts a wheel lives here, `Wheel`'s own constructors included, so imports
+//! run one way: this file builds a [`Wheel`] through `handle.rs`, and `handle.rs`, the running
+//! wheel, never names the builder.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +20,30 @@ use crate::handle::Wheel;
 use crate::timer::clock::Clock;
 use crate::timer::shared::Shared;
 use crate::wheel::Layout;
+
+impl Wheel {
+    /// A wheel with the default settings (1 ms tick, [`Layout::clock`](crate::Layout::clock))
+    /// on the current runtime: `Wheel::builder().build()`.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime. Use [`Builder::runtime`] to name one, or
+    /// [`Builder::try_build`] to get an error instead.
+    pub fn new() -> Wheel {
+        Builder::new().build()
+    }
+
+    /// A [`Builder`] to configure tick, layout, name and runtime.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+}
+
+impl Default for Wheel {
+    fn default() -> Self {
+        Wheel::new()
+    }
+}
 
 /// Configures and starts a [`Wheel`].
 ///

@@ -1,47 +1,29 @@
 //! [`Wheel`]: the cheap, cloneable handle every other type starts from.
+//!
+//! Starting a wheel (`Wheel::new`, `Wheel::builder`) lives in `builder.rs`. The futures, jobs
+//! and keyed sets made here hold the wheel's [`WheelContext`], not the `Wheel`, so imports run
+//! one way: this file → the handles → the actor.
 
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::task::Waker;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::timers::Command;
-use crate::builder::Builder;
 use crate::interval::Interval;
 use crate::job::{JobHandle, Schedule};
-use crate::keyed::{Expirations, Timers};
+use crate::keyed::{self, Expirations, Timers};
 use crate::sleep::Sleep;
 use crate::stats::Stats;
 use crate::stopped::Stopped;
 use crate::timeout::Timeout;
 use crate::timer::clock::deadline_after;
 use crate::timer::shared::Shared;
-
-/// Where a new timer went: its pool slot, its inbox shard, and its command's position there.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Filed {
-    pub(crate) slot: u32,
-    pub(crate) shard: u32,
-    pub(crate) position: u32,
-}
-
-/// What every handle of a wheel holds. The main actor's queue closes when the last one goes.
-pub(crate) struct Inner {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) inbox: Arc<Inbox<Command>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The last handle is gone: the actor exits once nothing it holds is pending.
-        self.inbox.close();
-    }
-}
 
 /// A handle to a timer wheel: one actor task owning a cascade of wheels, plus everything
 /// created from it.
@@ -76,46 +58,21 @@ impl Drop for Inner {
 /// [`shutdown`](Wheel::shutdown) stops it early, resolving everything pending.
 #[derive(Clone)]
 pub struct Wheel {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<WheelContext>,
 }
 
 impl fmt::Debug for Wheel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Wheel")
-            .field("name", &self.inner.shared.name)
-            .field("tick", &self.tick())
-            .field("levels", &self.inner.shared.levels)
-            .field("closed", &self.is_shutdown())
-            .finish()
-    }
-}
-
-impl Default for Wheel {
-    fn default() -> Self {
-        Wheel::new()
+        // The context shows itself as its wheel: one format for a `Wheel` and its handles.
+        fmt::Debug::fmt(&self.inner, f)
     }
 }
 
 impl Wheel {
-    /// A wheel with the default settings (1 ms tick, [`Layout::clock`](crate::Layout::clock))
-    /// on the current runtime: `Wheel::builder().build()`.
-    ///
-    /// # Panics
-    ///
-    /// Outside a Tokio runtime. Use [`Builder::runtime`] to name one, or
-    /// [`Builder::try_build`] to get an error instead.
-    pub fn new() -> Wheel {
-        Builder::new().build()
-    }
-
-    /// A [`Builder`] to configure tick, layout, name and runtime.
-    pub fn builder() -> Builder {
-        Builder::new()
-    }
-
+    /// A wheel around a running actor; the one constructor, used by [`Builder`](crate::Builder).
     pub(crate) fn from_parts(shared: Arc<Shared>, inbox: Arc<Inbox<Command>>) -> Wheel {
         Wheel {
-            inner: Arc::new(Inner { shared, inbox }),
+            inner: Arc::new(WheelContext::new(shared, inbox)),
         }
     }
 
@@ -123,52 +80,12 @@ impl Wheel {
         &self.inner.shared
     }
 
-    /// Sends a command to the main actor through inbox shard `shard`; `None` if the wheel
-    /// has stopped, else where in the shard's queue it went.
-    pub(crate) fn send(&self, shard: u32, command: Command, urgency: Urgency) -> Option<u32> {
-        if self.inner.shared.is_closed() {
-            return None;
-        }
-        self.inner.inbox.send(shard as usize, command, urgency).ok()
-    }
-
-    /// Takes a pool slot for a timer due at offset `deadline`, arms it (registering `waker`,
-    /// if any) and files it with the command `file` makes, through this thread's shard.
-    /// Returns the slot, the shard and the command's position in the shard's queue, or `None`
-    /// if the wheel has stopped.
-    pub(crate) fn file_timer(
-        &self,
-        deadline: u64,
-        waker: Option<&Waker>,
-        file: impl FnOnce(u32) -> Command,
-    ) -> Option<Filed> {
-        let Inner { shared, inbox } = &*self.inner;
-        if shared.is_closed() {
-            return None;
-        }
-        let shard = inbox.shard_for_thread();
-        let urgency = Urgency::By(deadline);
-        let (slot, position) =
-            inbox.send_with_slot(shard, &shared.pool, urgency, |index, slot| {
-                slot.word.arm(deadline);
-                if let Some(waker) = waker {
-                    slot.waker.register(waker);
-                }
-                file(index)
-            })?;
-        Some(Filed {
-            slot,
-            shard: shard as u32,
-            position,
-        })
-    }
-
     /// The wheel's resolution.
     pub fn tick(&self) -> Duration {
         self.inner.shared.clock.tick()
     }
 
-    /// The wheel's name (from [`Builder::name`]).
+    /// The wheel's name (from [`Builder::name`](crate::Builder::name)).
     pub fn name(&self) -> &str {
         &self.inner.shared.name
     }
@@ -196,12 +113,12 @@ impl Wheel {
     /// A future that completes `duration` from now (saturating: `Duration::MAX` never
     /// overflows). See [`Sleep`].
     pub fn sleep(&self, duration: Duration) -> Sleep {
-        Sleep::new(self.clone(), deadline_after(duration))
+        Sleep::new(&self.inner, deadline_after(duration))
     }
 
     /// A future that completes at `deadline`. See [`Sleep`].
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Sleep::new(self.clone(), deadline)
+        Sleep::new(&self.inner, deadline)
     }
 
     /// Runs `future`, giving up after `duration` with [`Elapsed`](crate::Elapsed).
@@ -211,7 +128,7 @@ impl Wheel {
     /// (the usual way), that is the same as tokio's `timeout`; use
     /// [`timeout_at`](Self::timeout_at) for a deadline fixed now.
     pub fn timeout<F: Future>(&self, duration: Duration, future: F) -> Timeout<F> {
-        Timeout::after(self.clone(), duration, future)
+        Timeout::after(&self.inner, duration, future)
     }
 
     /// Runs `future`, giving up at `deadline` with [`Elapsed`](crate::Elapsed).
@@ -253,7 +170,7 @@ impl Wheel {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        JobHandle::one_shot(self.clone(), deadline, future)
+        JobHandle::one_shot(&self.inner, deadline, future)
     }
 
     /// Runs the future `job` makes every `period`, the first run one period from now; runs
@@ -267,7 +184,7 @@ impl Wheel {
         J: FnMut() -> F + Send + 'static,
         F: Future<Output = ()> + Send + 'static,
     {
-        JobHandle::periodic(self.clone(), period, schedule, job)
+        JobHandle::periodic(&self.inner, period, schedule, job)
     }
 
     /// A set of keyed timers: [`Timers`] to set, move and remove them by key, and the
@@ -278,7 +195,7 @@ impl Wheel {
         K: Eq + Hash + Clone + Send + 'static,
         V: Send + 'static,
     {
-        crate::keyed::new(self.clone())
+        keyed::new(&self.inner)
     }
 
     /// Waits until the actor has applied every sleep and job command sent before this call
@@ -290,6 +207,7 @@ impl Wheel {
         let (reply, done) = tokio::sync::oneshot::channel();
         let shard = self.inner.inbox.shard_for_thread() as u32;
         if self
+            .inner
             .send(shard, Command::Flush(reply), Urgency::Now)
             .is_some()
         {
@@ -299,7 +217,7 @@ impl Wheel {
 
     /// A snapshot of the wheel's counters.
     pub fn stats(&self) -> Stats {
-        Stats::from_shared(&self.inner.shared)
+        Stats::from_shared(self.shared())
     }
 
     /// Stops the wheel gracefully and waits until every actor has stopped.
@@ -312,7 +230,7 @@ impl Wheel {
     /// delivered marked [`is_shutdown`](crate::Expired::is_shutdown), then the streams end.
     /// Calling it again is harmless.
     pub async fn shutdown(&self) {
-        let shared = &self.inner.shared;
+        let shared = self.shared();
         if shared.close() {
             tracing::debug!(wheel = %shared.name, "shutdown requested");
         }

@@ -81,7 +81,7 @@ impl Interval {
             !period.is_zero(),
             "tokio-wheel: an interval's period must be non-zero"
         );
-        let grace = missed_tick_grace(sleep.wheel().tick());
+        let grace = missed_tick_grace(sleep.wheel().shared.clock.tick());
         Interval {
             sleep,
             period,

@@ -31,11 +31,12 @@ use tokio::sync::Notify;
 use tokio::task::{AbortHandle, coop};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::actor::context::WheelContext;
 use crate::actor::inbox::Urgency;
 use crate::actor::timers::{Command, JobInsert};
 use crate::error::JobError;
-use crate::handle::Wheel;
-use crate::sleep::Woke;
+use crate::interval::Interval;
+use crate::sleep::{Sleep, Woke};
 use crate::timer::Launch;
 use crate::timer::clock::deadline_after;
 use crate::timer::shared::Shared;
@@ -155,7 +156,7 @@ impl<T> Drop for Settle<T> {
 /// [`Wheel::spawn_every`]: crate::Wheel::spawn_every
 #[must_use = "dropping a JobHandle detaches the job; it still runs"]
 pub struct JobHandle<T> {
-    wheel: Wheel,
+    wheel: Arc<WheelContext>,
     control: Arc<dyn Control>,
     outcome: Arc<Outcome<T>>,
 }
@@ -170,12 +171,16 @@ impl<T> fmt::Debug for JobHandle<T> {
 }
 
 impl<T: Send + 'static> JobHandle<T> {
-    pub(crate) fn one_shot<F>(wheel: Wheel, deadline: Instant, future: F) -> JobHandle<T>
+    pub(crate) fn one_shot<F>(
+        wheel: &Arc<WheelContext>,
+        deadline: Instant,
+        future: F,
+    ) -> JobHandle<T>
     where
         F: Future<Output = T> + Send + 'static,
     {
         let outcome = Outcome::new();
-        let offset = wheel.shared().clock.offset(deadline);
+        let offset = wheel.shared.clock.offset(deadline);
         let job = Arc::new(OneShot {
             slot: AtomicU64::new(u64::MAX),
             future: Mutex::new(Some(future)),
@@ -200,7 +205,7 @@ impl<T: Send + 'static> JobHandle<T> {
             None => job.refuse(),
         }
         JobHandle {
-            wheel,
+            wheel: wheel.clone(),
             control: job,
             outcome,
         }
@@ -209,7 +214,7 @@ impl<T: Send + 'static> JobHandle<T> {
 
 impl JobHandle<()> {
     pub(crate) fn periodic<J, F>(
-        wheel: Wheel,
+        wheel: &Arc<WheelContext>,
         period: Duration,
         schedule: Schedule,
         job: J,
@@ -236,14 +241,14 @@ impl JobHandle<()> {
             aborted: control.aborted.clone(),
         };
         let driver = drive_periodic(wheel.clone(), control.clone(), period, schedule, job);
-        let task = wheel.shared().runtime.spawn(async move {
+        let task = wheel.shared.runtime.spawn(async move {
             let settle = settle;
             let stopped = driver.await;
             settle.finish(Err(stopped));
         });
         *lock(&control.task) = Some(task.abort_handle());
         JobHandle {
-            wheel,
+            wheel: wheel.clone(),
             control,
             outcome,
         }
@@ -302,12 +307,12 @@ impl<T> Drop for JobHandle<T> {
 
 /// What a [`JobHandle`] does to its job, one-shot or periodic.
 trait Control: Send + Sync + 'static {
-    fn cancel(&self, wheel: &Wheel) -> bool;
-    fn reschedule(&self, wheel: &Wheel, deadline: Instant) -> bool;
-    fn abort(&self, wheel: &Wheel);
+    fn cancel(&self, wheel: &WheelContext) -> bool;
+    fn reschedule(&self, wheel: &WheelContext, deadline: Instant) -> bool;
+    fn abort(&self, wheel: &WheelContext);
     fn deadline(&self) -> Instant;
     /// The handle is dropped: the job is detached.
-    fn release(&self, wheel: &Wheel);
+    fn release(&self, wheel: &WheelContext);
 }
 
 /// A one-shot job: its pool slot, and its future until it starts.
@@ -369,11 +374,11 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    fn cancel(&self, wheel: &Wheel) -> bool {
+    fn cancel(&self, wheel: &WheelContext) -> bool {
         let Some((slot, shard)) = self.slot() else {
             return false;
         };
-        if !wheel.shared().pool.get(slot).word.cancel() {
+        if !wheel.shared.pool.get(slot).word.cancel() {
             return false;
         }
         drop(lock(&self.future).take());
@@ -382,12 +387,12 @@ where
         true
     }
 
-    fn reschedule(&self, wheel: &Wheel, deadline: Instant) -> bool {
+    fn reschedule(&self, wheel: &WheelContext, deadline: Instant) -> bool {
         let Some((slot, shard)) = self.slot() else {
             return false;
         };
-        let offset = wheel.shared().clock.offset(deadline);
-        let Moved::Armed { earlier } = wheel.shared().pool.get(slot).word.move_to(offset, false)
+        let offset = wheel.shared.clock.offset(deadline);
+        let Moved::Armed { earlier } = wheel.shared.pool.get(slot).word.move_to(offset, false)
         else {
             return false;
         };
@@ -402,7 +407,7 @@ where
         true
     }
 
-    fn abort(&self, wheel: &Wheel) {
+    fn abort(&self, wheel: &WheelContext) {
         self.aborted.store(true, Ordering::Release);
         if !self.cancel(wheel) {
             if let Some(task) = &*lock(&self.task) {
@@ -415,14 +420,11 @@ where
         *lock(&self.deadline)
     }
 
-    fn release(&self, wheel: &Wheel) {
+    fn release(&self, wheel: &WheelContext) {
         if let Some((slot, shard)) = self.slot() {
             // Refused only once the actor has stopped: the slot goes with the pool.
             let release = Command::Release { slot, shard };
-            let _ = wheel
-                .inner
-                .inbox
-                .send(shard as usize, release, Urgency::Lazy);
+            let _ = wheel.inbox.send(shard as usize, release, Urgency::Lazy);
         }
     }
 }
@@ -449,13 +451,13 @@ struct Periodic {
 }
 
 impl Control for Periodic {
-    fn cancel(&self, _wheel: &Wheel) -> bool {
+    fn cancel(&self, _wheel: &WheelContext) -> bool {
         let stopped = !self.cancelled.swap(true, Ordering::AcqRel) && !self.finished.is_done();
         self.wake.notify_one();
         stopped
     }
 
-    fn reschedule(&self, _wheel: &Wheel, deadline: Instant) -> bool {
+    fn reschedule(&self, _wheel: &WheelContext, deadline: Instant) -> bool {
         if self.cancelled.load(Ordering::Acquire) || self.finished.is_done() {
             return false;
         }
@@ -464,7 +466,7 @@ impl Control for Periodic {
         true
     }
 
-    fn abort(&self, wheel: &Wheel) {
+    fn abort(&self, wheel: &WheelContext) {
         self.aborted.store(true, Ordering::Release);
         self.cancel(wheel);
         if let Some(task) = &*lock(&self.task) {
@@ -476,12 +478,12 @@ impl Control for Periodic {
         *lock(&self.next)
     }
 
-    fn release(&self, _wheel: &Wheel) {}
+    fn release(&self, _wheel: &WheelContext) {}
 }
 
 /// Runs a periodic job until it is cancelled or the wheel stops; returns why it stopped.
 async fn drive_periodic<J, F>(
-    wheel: Wheel,
+    wheel: Arc<WheelContext>,
     control: Arc<Periodic>,
     period: Duration,
     schedule: Schedule,
@@ -491,10 +493,10 @@ where
     J: FnMut() -> F + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
-    let shared = wheel.shared().clone();
+    let shared = wheel.shared.clone();
     // Runs are an interval's ticks: `FixedRate` is tokio's `Interval` with `Skip` exactly;
     // `FixedDelay` restarts the interval a period after each run ends.
-    let mut ticks = wheel.interval_at(*lock(&control.next), period);
+    let mut ticks = Interval::new(Sleep::new(&wheel, *lock(&control.next)), period);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
     loop {
         if control.cancelled.load(Ordering::Acquire) {

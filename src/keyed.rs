@@ -61,18 +61,18 @@ use tokio::task::coop;
 use tokio::time::Instant;
 
 use crate::actor::Actor;
+use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine};
-use crate::handle::Wheel;
 use crate::timer::clock::deadline_after;
 use crate::timer::shared::Shared;
 
-pub(crate) fn new<K, V>(wheel: Wheel) -> (Timers<K, V>, Expirations<K, V>)
+pub(crate) fn new<K, V>(wheel: &Arc<WheelContext>) -> (Timers<K, V>, Expirations<K, V>)
 where
     K: Eq + Hash + Clone + Send + 'static,
     V: Send + 'static,
 {
-    let shared = wheel.shared().clone();
+    let shared = wheel.shared.clone();
     // One shard: commands from every handle apply in the order they were made.
     let inbox = Arc::new(Inbox::new(1));
     let (expired_sender, expired) = mpsc::unbounded_channel();
@@ -85,7 +85,7 @@ where
     }
     (
         Timers {
-            wheel,
+            wheel: wheel.clone(),
             sender: Arc::new(KeyedSender(inbox)),
         },
         Expirations {
@@ -102,7 +102,8 @@ where
 /// Once the wheel has stopped, `set` is refused silently and `take`, `drain` and `len` answer
 /// empty at once.
 pub struct Timers<K, V> {
-    wheel: Wheel,
+    /// Keeps the wheel's handles' state alive, as a `Wheel` would; shown as the wheel.
+    wheel: Arc<WheelContext>,
     sender: Arc<KeyedSender<K, V>>,
 }
 
@@ -138,14 +139,14 @@ where
     V: Send + 'static,
 {
     fn send(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
-        if !self.wheel.is_shutdown() {
+        if !self.wheel.shared.is_closed() {
             // A send fails only once the set's actor has stopped: refused, as documented.
             let _ = self.sender.0.send(0, command, urgency);
         }
     }
 
     fn offset(&self, deadline: Instant) -> i64 {
-        self.wheel.shared().clock.signed_offset(deadline)
+        self.wheel.shared.clock.signed_offset(deadline)
     }
 
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline

@@ -16,14 +16,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::actor::context::WheelContext;
 use crate::actor::inbox::Urgency;
 use crate::actor::timers::Command;
-use crate::handle::Wheel;
 use crate::timer::clock::saturating_add;
 use crate::timer::state::{Moved, State};
 
@@ -41,6 +42,9 @@ const UNARMED: u32 = u32::MAX;
 
 /// A future that completes at its deadline; made by [`Wheel::sleep`] and
 /// [`Wheel::sleep_until`].
+///
+/// [`Wheel::sleep`]: crate::Wheel::sleep
+/// [`Wheel::sleep_until`]: crate::Wheel::sleep_until
 ///
 /// - It never completes before its deadline, and at most one tick (plus scheduling latency)
 ///   after it.
@@ -67,7 +71,8 @@ const UNARMED: u32 = u32::MAX;
 #[derive(Debug)]
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Sleep {
-    wheel: Wheel,
+    /// What the wheel's handles share: one `Arc`, as a `Wheel` is.
+    wheel: Arc<WheelContext>,
     deadline: Instant,
     /// The pool slot once registered, else [`UNARMED`].
     slot: u32,
@@ -81,9 +86,9 @@ pub struct Sleep {
 }
 
 impl Sleep {
-    pub(crate) fn new(wheel: Wheel, deadline: Instant) -> Sleep {
+    pub(crate) fn new(wheel: &Arc<WheelContext>, deadline: Instant) -> Sleep {
         Sleep {
-            wheel,
+            wheel: wheel.clone(),
             deadline,
             slot: UNARMED,
             shard: 0,
@@ -97,7 +102,7 @@ impl Sleep {
         self.deadline
     }
 
-    pub(crate) fn wheel(&self) -> &Wheel {
+    pub(crate) fn wheel(&self) -> &Arc<WheelContext> {
         &self.wheel
     }
 
@@ -109,7 +114,7 @@ impl Sleep {
     }
 
     fn state(&self) -> State {
-        self.wheel.shared().pool.get(self.slot).word.state()
+        self.wheel.shared.pool.get(self.slot).word.state()
     }
 
     /// Moves the deadline, earlier or later, before or after completion: the sleep then
@@ -139,7 +144,7 @@ impl Sleep {
         if this.slot == UNARMED {
             return;
         }
-        let shared = this.wheel.shared();
+        let shared = &this.wheel.shared;
         let offset = shared.clock.offset(deadline);
         let slot = this.slot;
         match shared.pool.get(slot).word.move_to(offset, true) {
@@ -187,7 +192,7 @@ impl Sleep {
             State::Fired => Some(Woke::Elapsed),
             _ => Some(Woke::Shutdown),
         };
-        let slot = self.wheel.shared().pool.get(self.slot);
+        let slot = self.wheel.shared.pool.get(self.slot);
         let mut outcome = woke(slot.word.state());
         if outcome.is_none() && self.deadline <= Instant::now() {
             // Due, whether or not the actor has got to it: complete it here, so the actor
@@ -220,7 +225,7 @@ impl Sleep {
             self.woke = Some(Woke::Elapsed);
             return Poll::Ready(Woke::Elapsed);
         }
-        let offset = self.wheel.shared().clock.offset(self.deadline);
+        let offset = self.wheel.shared.clock.offset(self.deadline);
         let filed = self
             .wheel
             .file_timer(offset, Some(cx.waker()), |slot| Command::Insert {
@@ -251,7 +256,7 @@ impl Drop for Sleep {
         if self.slot == UNARMED {
             return;
         }
-        let slot = self.wheel.shared().pool.get(self.slot);
+        let slot = self.wheel.shared.pool.get(self.slot);
         slot.word.cancel();
         // Do not keep the task alive through a waker nobody will use.
         drop(slot.waker.take());
@@ -263,7 +268,7 @@ impl Drop for Sleep {
             shard: shard as u32,
         };
         // Not sent only once the actor has stopped: the slot goes with the pool.
-        self.wheel.inner.inbox.withdraw_or_send(
+        self.wheel.inbox.withdraw_or_send(
             shard,
             self.position,
             is_insert,

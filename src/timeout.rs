@@ -16,14 +16,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use crate::actor::context::WheelContext;
 use crate::error::Elapsed;
-use crate::handle::Wheel;
 use crate::sleep::{Sleep, Woke};
 
 pin_project! {
@@ -56,9 +57,9 @@ pin_project! {
 
 impl<F> Timeout<F> {
     /// A timeout of `duration` counted from the first pending poll.
-    pub(crate) fn after(wheel: Wheel, duration: Duration, future: F) -> Timeout<F> {
+    pub(crate) fn after(wheel: &Arc<WheelContext>, duration: Duration, future: F) -> Timeout<F> {
         // A placeholder that costs no clock read; replaced before the timer is armed.
-        let origin = wheel.shared().clock.instant(0);
+        let origin = wheel.shared.clock.instant(0);
         let sleep = Sleep::new(wheel, origin);
         Timeout {
             future,

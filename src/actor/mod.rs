@@ -20,11 +20,15 @@
 //! budget reasons), so the explicit yields are what keep the actor a good citizen, on a
 //! current-thread runtime fed from other threads too.
 //!
+//! Handles reach the main actor through a [`context::WheelContext`] (its inbox and the wheel's
+//! shared state), defined here so that they never name the `Wheel` that made them.
+//!
 //! However the actor stops — shutdown, its runtime dropping it, or no handle left and nothing
 //! filed — it first applies every command still queued, then resolves what is filed as shut
 //! down (except on a quiet exit, where nothing is filed). So a command sent before
 //! `shutdown()` is never lost, and nothing created by the wheel hangs.
 
+pub(crate) mod context;
 pub(crate) mod inbox;
 pub(crate) mod keyed;
 pub(crate) mod thread;
