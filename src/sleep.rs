@@ -106,11 +106,12 @@ impl Sleep {
         &self.wheel
     }
 
-    /// Whether the sleep has completed: its deadline passed, or the wheel shut down.
+    /// Whether the sleep has completed, as tokio's `Sleep::is_elapsed`: it was polled ready,
+    /// or the wheel fired it (or resolved it at shutdown). A sleep never polled is not
+    /// elapsed, even once its deadline has passed (it is ready on its first poll then).
     pub fn is_elapsed(&self) -> bool {
         self.woke.is_some()
             || (self.slot != UNARMED && matches!(self.state(), State::Fired | State::Shutdown))
-            || self.deadline <= Instant::now()
     }
 
     fn state(&self) -> State {

@@ -262,8 +262,10 @@ async fn sleeps_work_on_a_multi_thread_runtime() {
     for task in tasks {
         task.await.unwrap();
     }
-    // Stats are published once per actor turn, which may end just after the wake-ups.
-    for _ in 0..100 {
+    // Stats are published once per actor turn, which may end just after the wake-ups (and a
+    // loaded 2-core machine may not run that turn for a while: wait generously).
+    wheel.flush().await;
+    for _ in 0..10_000 {
         if wheel.stats().fired == 50 {
             return;
         }

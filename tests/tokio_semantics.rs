@@ -46,6 +46,36 @@ async fn a_sleep_reset_to_the_past_is_ready_on_the_next_poll() {
     assert!(!fired.is_elapsed());
 }
 
+/// tokio's `immediate_sleep` and `is_elapsed`: a sleep is elapsed once polled ready or fired,
+/// not merely because its deadline passed.
+#[tokio::test(start_paused = true)]
+async fn is_elapsed_means_polled_ready_or_fired_as_tokios() {
+    let wheel = Wheel::new();
+    let now = Instant::now();
+    let mut ours = wheel.sleep_until(now);
+    let mut theirs = Box::pin(tokio::time::sleep_until(now));
+    assert_eq!(ours.is_elapsed(), theirs.is_elapsed());
+    assert!(!ours.is_elapsed(), "never polled");
+    assert!(poll_pinned(&mut ours).is_ready());
+    assert!(poll_once(theirs.as_mut()).is_ready());
+    assert!(ours.is_elapsed() && theirs.is_elapsed(), "polled ready");
+
+    // Unpolled past its deadline: not elapsed (tokio's was never registered either).
+    let unpolled = wheel.sleep(ms(10));
+    let tokio_unpolled = tokio::time::sleep(ms(10));
+    tokio::time::advance(ms(20)).await;
+    assert!(!unpolled.is_elapsed());
+    assert_eq!(unpolled.is_elapsed(), tokio_unpolled.is_elapsed());
+
+    // Registered, then the clock passes it: elapsed once the wheel fired it, unpolled since.
+    let mut registered = wheel.sleep(ms(10));
+    assert!(poll_pinned(&mut registered).is_pending());
+    assert!(!registered.is_elapsed());
+    tokio::time::advance(ms(10)).await;
+    support::settle().await;
+    assert!(registered.is_elapsed(), "fired by the wheel");
+}
+
 /// Registers a sleep, a timeout and an interval tick due in 10 ms, advances the paused clock
 /// by 10 ms and polls each once, with no yield in between: each must be ready (as tokio's own
 /// sleep is, when the clock sits on tokio's millisecond grid: `on_grid`).
