@@ -38,7 +38,7 @@ use crate::error::JobError;
 use crate::interval::Interval;
 use crate::sleep::{Sleep, Woke};
 use crate::timer::Launch;
-use crate::timer::clock::deadline_after;
+use crate::timer::clock::{deadline_after, saturating_add};
 use crate::timer::shared::Shared;
 use crate::timer::state::Moved;
 
@@ -275,7 +275,9 @@ impl<T> JobHandle<T> {
         self.control.abort(&self.wheel);
     }
 
-    /// When the job is due (for a periodic job: its next run).
+    /// When the job is due. For a periodic job: its next run, named as soon as a run begins
+    /// (`FixedRate`: the next slot; `FixedDelay`: while a run is in progress, the earliest the
+    /// next can start — a period after this one started — and exact once it ends).
     pub fn deadline(&self) -> Instant {
         self.control.deadline()
     }
@@ -520,6 +522,19 @@ where
         if control.cancelled.load(Ordering::Acquire) {
             return JobError::Cancelled;
         }
+        // From the run's start, the handle's deadline names the next run: the next slot
+        // (`FixedRate`), or the earliest a `FixedDelay` run can start, a period from now
+        // (exact once this run ends).
+        let planned = match schedule {
+            Schedule::FixedRate => ticks.next_deadline(),
+            Schedule::FixedDelay => saturating_add(Instant::now(), period),
+        };
+        {
+            let mut next = lock(&control.next);
+            if *next == due {
+                *next = planned;
+            }
+        }
         shared
             .counters
             .periodic_runs
@@ -542,7 +557,7 @@ where
         tokio::task::yield_now().await;
         let mut next = lock(&control.next);
         // Keep a reschedule made during the run (its notification moves the interval).
-        if *next == due {
+        if *next == planned {
             *next = ticks.next_deadline();
         }
     }

@@ -292,3 +292,48 @@ async fn a_job_that_always_runs_late_does_not_hold_up_the_wheels_other_timers() 
     }
     assert!(periodic.cancel());
 }
+
+/// `deadline()` names the next run as soon as a run begins: the next slot for `FixedRate`
+/// (not the slot of the run in progress), the earliest possible start for `FixedDelay`, exact
+/// once that run ends.
+#[tokio::test(start_paused = true)]
+async fn deadline_names_the_next_run_as_soon_as_a_run_begins() {
+    for schedule in [Schedule::FixedRate, Schedule::FixedDelay] {
+        let wheel = Wheel::new();
+        let start = Instant::now();
+        let (started, mut runs) = tokio::sync::mpsc::unbounded_channel();
+        let job = wheel.spawn_every(PERIOD, schedule, move || {
+            let started = started.clone();
+            async move {
+                let _ = started.send(Instant::now());
+                tokio::time::sleep(PERIOD / 2).await;
+            }
+        });
+        assert_eq!(
+            job.deadline(),
+            start + PERIOD,
+            "{schedule:?}: before the first run"
+        );
+        let first = runs.recv().await.unwrap();
+        assert_eq!(first, start + PERIOD);
+        assert_eq!(
+            job.deadline(),
+            start + PERIOD * 2,
+            "{schedule:?}: while the first run is in progress"
+        );
+        tokio::time::sleep_until(first + PERIOD / 2 + Duration::from_millis(1)).await;
+        let expected = match schedule {
+            Schedule::FixedRate => start + PERIOD * 2,
+            Schedule::FixedDelay => first + PERIOD / 2 + PERIOD,
+        };
+        assert_eq!(
+            job.deadline(),
+            expected,
+            "{schedule:?}: after the first run"
+        );
+        let second = runs.recv().await.unwrap();
+        assert_eq!(second, expected, "{schedule:?}: the run came when it said");
+        job.cancel();
+        let _ = job.await;
+    }
+}
