@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_wheel::Wheel;
 
-use crate::engine::{Engine, Settings};
+use crate::engine::Engine;
+use crate::protocol::Settings;
 use crate::store::{RedbStore, Store};
 use crate::{DurableQueue, Error, RetryPolicy, Route};
 
@@ -190,7 +191,7 @@ impl Builder {
         let verify = self.check_integrity;
         let store = tokio::task::spawn_blocking(move || {
             let mut store = RedbStore::open_checked(path, verify)?;
-            crate::tasks::migrate_legacy(&mut store, crate::engine::now_ms())?;
+            crate::tasks::migrate_legacy(&mut store, crate::protocol::now_ms())?;
             Ok::<_, Error>(store)
         })
         .await
@@ -296,7 +297,7 @@ impl Builder {
         })
         .await
         .map_err(|e| Error::Io(format!("loading the store panicked: {e}")))??;
-        crate::engine::attach(wheel).runtime.spawn(engine.run());
+        crate::protocol::attach(wheel).runtime.spawn(engine.run());
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use futures::Stream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::Request;
+use crate::protocol::Request;
 use crate::{Error, Route, TaskId};
 
 /// The stream of due tasks from [`DurableQueue::deliveries`](crate::DurableQueue::deliveries): `Send + Unpin + 'static`.

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio_wheel::Wheel;
 
-use crate::engine::{Consumer, Request};
+use crate::protocol::{Consumer, Request};
 use crate::{Builder, DeadLetter, Deliveries, Error, Task, TaskId, delay_ms, epoch_ms};
 use crate::{PAGE_LIMIT, QueueStats, Recurring, TaskFilter, TaskInfo};
 
@@ -263,7 +263,7 @@ impl DurableQueue {
         let before_ms = if older_than.is_zero() {
             u64::MAX
         } else {
-            crate::engine::now_ms().saturating_sub(delay_ms(older_than))
+            crate::protocol::now_ms().saturating_sub(delay_ms(older_than))
         };
         self.ask(|reply| Request::Purge {
             before_ms,

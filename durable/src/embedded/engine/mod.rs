@@ -1,7 +1,7 @@
 //! The queue's engine on an embedded [`Store`]: one task that owns the store, applies requests
-//! in batches (one store transaction per batch), and hands due tasks to consumers. Also what
-//! both backends share: requests, consumers, settings, clocks, and what they take from the
-//! wheel ([`attach`]).
+//! in batches (one store transaction per batch), and hands due tasks to consumers. What it
+//! shares with the Redis backend (requests, consumers, settings, clocks) is in
+//! `protocol.rs`.
 //!
 //! - `run.rs`: the loop (batches, streams and prefetch, lease renewal, close);
 //! - `step.rs`: one batch applied in one transaction (schedule, cancel, finish: ack, retry,
@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::inspect::{LatenessWindow, QueueStats, TaskFilter, TaskInfo, TaskState, percentile};
-pub(crate) use crate::protocol::{
+use crate::protocol::{
     Consumer, Reply, Request, Settings, Want, attach, far_future, instant_of, last_attempt_reason,
     lease_expired_reason, now_ms, stale_cursor, system_time,
 };

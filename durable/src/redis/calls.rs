@@ -1,0 +1,291 @@
+//! The writes of a queue's handles and deliveries, each one script on the partition of its
+//! task: schedule, change (cancel, reschedule, redrive, uncron), recurring schedules and
+//! their advance, and a delivery's finish, lease extension and release. Each carries a call
+//! id, so a retry after a lost reply is recognised instead of acting twice.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::keys::partition_of;
+use super::shared::{PAGE, Shared, redis_args};
+use crate::recurring::Spec;
+use crate::{Due, Error, Outcome, Recurring, Task, TaskId};
+
+/// Shortest window in which a retried finish is recognised.
+const MIN_MARK_WINDOW: Duration = Duration::from_secs(1);
+
+/// A name for one call, unique across processes: its retries carry it, so a store step
+/// that already ran for it is recognised.
+fn call_id() -> String {
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| TaskId::generate().0);
+    format!("{process}.{:x}", CALLS.fetch_add(1, Ordering::Relaxed))
+}
+
+impl Shared {
+    pub(crate) async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+        let id = task.id.clone().unwrap_or_else(TaskId::generate);
+        // A delay goes to the server as a delay: its clock, not ours, resolves it.
+        let (mode, ms) = match task.due {
+            None => ("after", 0),
+            Some(Due::After(delay)) => ("after", crate::delay_ms(delay)),
+            Some(Due::At(at)) => ("at", crate::epoch_ms(at)),
+        };
+        let keys = self.keys_for(id.as_str());
+        let call = call_id();
+        let answer: String = self
+            .invoke_write(
+                keys,
+                &self.scripts.schedule,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.seq,
+                    &keys.idle,
+                    &keys.mark(id.as_str()),
+                    &keys.inflight,
+                ],
+                redis_args![
+                    "tw-schedule",
+                    id.as_str(),
+                    task.payload.as_slice(),
+                    mode,
+                    ms,
+                    &keys.channel,
+                    &call
+                ],
+            )
+            .await?;
+        match answer.as_str() {
+            "INFLIGHT" => Err(Error::InFlight),
+            _ => Ok(id),
+        }
+    }
+
+    pub(crate) async fn change(&self, id: &str, op: &str, due: u64) -> Result<bool, Error> {
+        let keys = self.keys_for(id);
+        let changed: i64 = self
+            .invoke_write(
+                keys,
+                &self.scripts.change,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.idle,
+                    &keys.inflight,
+                ],
+                redis_args!["tw-change", id, op, due, &keys.channel],
+            )
+            .await?;
+        Ok(changed == 1)
+    }
+
+    /// Finishes the delivery `token` of task `id` (its `attempt`-th).
+    pub(crate) async fn finish(
+        &self,
+        id: &str,
+        token: u64,
+        attempt: u32,
+        outcome: Outcome,
+    ) -> Result<(), Error> {
+        let (outcome, delay, reason) = match outcome {
+            Outcome::Ack => ("ack", 0, String::new()),
+            Outcome::Retry(after) => {
+                let delay = after.unwrap_or_else(|| self.settings.policy.jittered_delay(attempt));
+                ("retry", crate::delay_ms(delay), String::new())
+            }
+            Outcome::Fail(reason) => ("dead", 0, reason),
+        };
+        let keys = self.keys_for(id);
+        let window = crate::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW));
+        // Its retries (same arguments) are recognised, another finish of the same delivery
+        // is not.
+        let call = call_id();
+        let done: i64 = self
+            .invoke_write(
+                keys,
+                &self.scripts.finish,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.inflight,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.mark(id),
+                    &keys.idle,
+                    &keys.stats,
+                ],
+                redis_args![
+                    "tw-finish",
+                    id,
+                    token,
+                    outcome,
+                    delay,
+                    reason,
+                    &keys.channel,
+                    self.settings.policy.attempts(),
+                    window,
+                    &call
+                ],
+            )
+            .await?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost)
+        }
+    }
+
+    /// Groups deliveries by partition, in pages of at most [`PAGE`].
+    fn by_partition<'d>(
+        &self,
+        deliveries: &'d [(String, u64)],
+    ) -> Vec<(usize, Vec<&'d (String, u64)>)> {
+        let mut groups: Vec<Vec<&(String, u64)>> = vec![Vec::new(); self.parts.len()];
+        for delivery in deliveries {
+            groups[partition_of(&delivery.0, self.parts.len())].push(delivery);
+        }
+        groups
+            .into_iter()
+            .enumerate()
+            .flat_map(|(p, group)| {
+                group
+                    .chunks(PAGE)
+                    .map(|page| (p, page.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Sets the leases of these deliveries to end `lease` from now (server time), in pages —
+    /// only later than now unless `set` (a user's `extend`); returns how many were still held.
+    pub(crate) async fn extend(
+        &self,
+        deliveries: &[(String, u64)],
+        lease: Duration,
+        set: bool,
+    ) -> Result<usize, Error> {
+        let mut held = 0;
+        let mode = if set { "set" } else { "renew" };
+        for (p, page) in self.by_partition(deliveries) {
+            let keys = &self.parts[p];
+            let mut args = redis_args!["tw-extend", crate::delay_ms(lease), mode];
+            for (id, token) in page {
+                args.extend(redis::ToRedisArgs::to_redis_args(id));
+                args.extend(redis::ToRedisArgs::to_redis_args(token));
+            }
+            let flags: Vec<i64> = self
+                .invoke(&self.scripts.extend, &[&keys.meta, &keys.inflight], args)
+                .await?;
+            held += flags.iter().filter(|&&f| f == 1).count();
+        }
+        Ok(held)
+    }
+
+    /// Returns claims never handed out, in pages.
+    pub(super) async fn release(&self, deliveries: &[(String, u64)]) -> Result<(), Error> {
+        for (p, page) in self.by_partition(deliveries) {
+            let keys = &self.parts[p];
+            let mut args = redis_args!["tw-release", &keys.channel];
+            for (id, token) in page {
+                args.extend(redis::ToRedisArgs::to_redis_args(id));
+                args.extend(redis::ToRedisArgs::to_redis_args(token));
+            }
+            let _: i64 = self
+                .invoke_write(
+                    keys,
+                    &self.scripts.release,
+                    &[
+                        &keys.meta,
+                        &keys.inflight,
+                        &keys.due,
+                        &keys.idle,
+                        &keys.stats,
+                    ],
+                    args,
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Advances the claimed recurring schedule `id` (held by `token`): makes the `owed`
+    /// occurrences and moves it to `next_due`.
+    pub(super) async fn advance(
+        &self,
+        id: &str,
+        token: u64,
+        spec: &Spec,
+        next_due: u64,
+        owed: &[u64],
+    ) -> Result<(), Error> {
+        let keys = self.keys_for(id);
+        let mut args = redis_args![
+            "tw-advance",
+            id,
+            token,
+            spec.encode(),
+            next_due,
+            &keys.channel
+        ];
+        for at in owed {
+            args.extend(redis::ToRedisArgs::to_redis_args(at));
+        }
+        let _: i64 = self
+            .invoke_write(
+                keys,
+                &self.scripts.advance,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.inflight,
+                    &keys.seq,
+                    &keys.idle,
+                ],
+                args,
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn schedule_recurring(&self, recurring: Recurring) -> Result<TaskId, Error> {
+        // Validated here; the server's clock sets its start.
+        let (id, spec, payload) = recurring.into_parts(0)?;
+        let (catch_up, kind, definition) = spec.definition();
+        let keys = self.keys_for(id.as_str());
+        let answer: String = self
+            .invoke_write(
+                keys,
+                &self.scripts.schedule_recurring,
+                &[
+                    &keys.payload,
+                    &keys.meta,
+                    &keys.due,
+                    &keys.inflight,
+                    &keys.dead,
+                    &keys.seq,
+                    &keys.idle,
+                ],
+                redis_args![
+                    "tw-recurring",
+                    id.as_str(),
+                    payload.as_slice(),
+                    catch_up,
+                    kind,
+                    definition,
+                    &keys.channel
+                ],
+            )
+            .await?;
+        match answer.as_str() {
+            "INFLIGHT" => Err(Error::InFlight),
+            _ => Ok(id),
+        }
+    }
+}

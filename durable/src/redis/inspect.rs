@@ -1,0 +1,266 @@
+//! Reading a queue: its length, one task, pages of an index across partitions, dead letters,
+//! the counts and counters — and purging old dead letters. Every script here touches a
+//! bounded number of entries (a page, a batch), never a whole set.
+
+use super::connection::with_retries;
+use super::keys::partition_of;
+use super::shared::{PAGE, Shared, number, redis_args};
+use crate::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState, percentile};
+use crate::protocol::{stale_cursor, system_time};
+use crate::{DeadLetter, Error, TaskId};
+
+impl Shared {
+    pub(crate) async fn len(&self) -> Result<usize, Error> {
+        let mut total = 0;
+        for keys in &self.parts {
+            let (due, inflight): (usize, usize) = with_retries(|| {
+                let mut connection = self.connection.clone();
+                let mut pipe = redis::pipe();
+                pipe.zcard(&keys.due).zcard(&keys.inflight);
+                async move { pipe.query_async(&mut connection).await }
+            })
+            .await?;
+            total += due + inflight;
+        }
+        Ok(total)
+    }
+
+    /// Every dead letter, a page of [`PAGE`] at a time so no command grows with the list.
+    pub(crate) async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
+        let mut letters = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.dead_letters_page(after.as_deref(), PAGE).await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.id.to_string());
+            letters.extend(page);
+        }
+        Ok(letters)
+    }
+
+    pub(crate) async fn get(&self, id: &str) -> Result<Option<TaskInfo>, Error> {
+        let keys = self.keys_for(id);
+        let reply: Vec<Vec<u8>> = self
+            .invoke(
+                &self.scripts.get,
+                &[&keys.meta, &keys.inflight, &keys.payload],
+                redis_args!["tw-get", id],
+            )
+            .await?;
+        let mut fields = reply.into_iter();
+        let (Some(meta), Some(lease), Some(len)) = (fields.next(), fields.next(), fields.next())
+        else {
+            return Ok(None);
+        };
+        let meta = String::from_utf8(meta).map_err(|_| Error::Io("a record is not text".into()))?;
+        task_info(id, &meta, number(&lease), number(&len).unwrap_or(0)).map(Some)
+    }
+
+    /// One page of one partition's index, with payload lengths (or payloads).
+    async fn page_of(
+        &self,
+        p: usize,
+        filter: TaskFilter,
+        after: Option<&str>,
+        limit: usize,
+        payloads: bool,
+    ) -> Result<Vec<(String, String, Option<u64>, Vec<u8>)>, Error> {
+        let keys = &self.parts[p];
+        let name = match filter {
+            TaskFilter::Pending => "pending",
+            TaskFilter::InFlight => "inflight",
+            TaskFilter::Dead => "dead",
+        };
+        let reply: redis::Value = self
+            .invoke(
+                &self.scripts.list,
+                &[
+                    &keys.meta,
+                    &keys.due,
+                    &keys.inflight,
+                    &keys.dead,
+                    &keys.payload,
+                ],
+                redis_args![
+                    "tw-list",
+                    name,
+                    after.unwrap_or(""),
+                    limit,
+                    if payloads { "1" } else { "0" }
+                ],
+            )
+            .await?;
+        let bad = || Error::Io("unexpected reply from the list script".into());
+        let items: Vec<Vec<u8>> = match reply {
+            redis::Value::SimpleString(text) if text == "STALE" => {
+                return Err(stale_cursor(after.unwrap_or(""), filter));
+            }
+            redis::Value::BulkString(text) if text == b"STALE" => {
+                return Err(stale_cursor(after.unwrap_or(""), filter));
+            }
+            other => redis::FromRedisValue::from_redis_value(other).map_err(|_| bad())?,
+        };
+        let mut page = Vec::new();
+        let mut fields = items.into_iter();
+        while let (Some(id), Some(meta), Some(lease), Some(last)) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        {
+            let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| bad());
+            page.push((text(id)?, text(meta)?, number(&lease), last));
+        }
+        Ok(page)
+    }
+
+    /// A page across partitions: one partition after another (in order within each), the
+    /// cursor naming where to go on.
+    async fn page(
+        &self,
+        filter: TaskFilter,
+        after: Option<&str>,
+        limit: usize,
+        payloads: bool,
+    ) -> Result<Vec<(String, String, Option<u64>, Vec<u8>)>, Error> {
+        let mut p = after.map_or(0, |id| partition_of(id, self.parts.len()));
+        let mut cursor = after;
+        let mut page = Vec::new();
+        while p < self.parts.len() && page.len() < limit {
+            page.extend(
+                self.page_of(p, filter, cursor, limit - page.len(), payloads)
+                    .await?,
+            );
+            cursor = None;
+            p += 1;
+        }
+        Ok(page)
+    }
+
+    pub(crate) async fn list(
+        &self,
+        filter: TaskFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<TaskInfo>, Error> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.page(filter, after, limit, false)
+            .await?
+            .into_iter()
+            .map(|(id, meta, lease, len)| task_info(&id, &meta, lease, number(&len).unwrap_or(0)))
+            .collect()
+    }
+
+    pub(crate) async fn dead_letters_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.page(TaskFilter::Dead, after, limit, true)
+            .await?
+            .into_iter()
+            .map(|(id, meta, lease, payload)| {
+                let info = task_info(&id, &meta, lease, payload.len() as u64)?;
+                Ok(DeadLetter {
+                    id: info.id,
+                    payload,
+                    attempts: info.attempts,
+                    reason: info.reason.unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    /// Purges dead letters older than `older_than_ms`, a bounded batch per script call.
+    pub(crate) async fn purge_dead(&self, older_than_ms: u64) -> Result<u64, Error> {
+        let mut removed = 0;
+        for keys in &self.parts {
+            loop {
+                let batch: u64 = self
+                    .invoke_write(
+                        keys,
+                        &self.scripts.purge,
+                        &[&keys.meta, &keys.dead, &keys.payload],
+                        redis_args!["tw-purge", older_than_ms, PAGE],
+                    )
+                    .await?;
+                removed += batch;
+                if batch < PAGE as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The counts and counters, summed over the partitions (each read atomically).
+    pub(crate) async fn stats(&self) -> Result<QueueStats, Error> {
+        let mut stats = QueueStats::default();
+        let mut late = Vec::new();
+        for keys in &self.parts {
+            let reply: Vec<u64> = self
+                .invoke(
+                    &self.scripts.stats,
+                    &keys.stats_keys(),
+                    redis_args!["tw-stats"],
+                )
+                .await?;
+            let field = |i: usize| reply.get(i).copied().unwrap_or(0);
+            stats.pending += field(0);
+            stats.in_flight += field(1);
+            stats.dead += field(2);
+            stats.delivered += field(3);
+            stats.acked += field(4);
+            stats.retried += field(5);
+            stats.dead_lettered += field(6);
+            stats.expired += field(7);
+            stats.returned += field(8);
+            late.extend(reply.iter().skip(9).copied());
+        }
+        stats.lateness_p50 = percentile(&mut late, 50);
+        stats.lateness_p99 = percentile(&mut late, 99);
+        Ok(stats)
+    }
+}
+
+/// A task as its metadata record (`state|due|seq|attempts|token|call|reason`) says.
+fn task_info(
+    id: &str,
+    meta: &str,
+    lease: Option<u64>,
+    payload_len: u64,
+) -> Result<TaskInfo, Error> {
+    let bad = || Error::Corrupt(format!("task {id:?} has a damaged record"));
+    let mut fields = meta.splitn(7, '|');
+    let state = fields.next().ok_or_else(bad)?;
+    let due: u64 = fields.next().and_then(|f| f.parse().ok()).ok_or_else(bad)?;
+    let attempts: u32 = fields.nth(1).and_then(|f| f.parse().ok()).ok_or_else(bad)?;
+    let reason = fields.nth(2).unwrap_or_default().to_owned();
+    let (state, reason) = match state {
+        "i" => (
+            TaskState::InFlight {
+                attempt: attempts,
+                lease_until: system_time(lease.unwrap_or(0)),
+            },
+            None,
+        ),
+        "d" => (
+            TaskState::Dead {
+                reason: reason.clone(),
+            },
+            Some(reason),
+        ),
+        // Pending, or a recurring schedule (`r`; `R` while a worker advances it).
+        _ => (TaskState::Pending, None),
+    };
+    Ok(TaskInfo {
+        id: TaskId::from(id),
+        state,
+        due: system_time(due),
+        attempts,
+        payload_len: usize::try_from(payload_len).unwrap_or(usize::MAX),
+        reason,
+    })
+}

@@ -1,0 +1,148 @@
+-- claim.lua — one claim call of one worker on one partition: expired leases back to pending
+-- (or to the dead letters), then due tasks handed out under a lease, with their payloads.
+--
+-- KEYS[1] meta       hash: id → record `state|due|seq|attempts|token|call|reason`
+-- KEYS[2] due        sorted set: pending tasks and recurring schedules, score = due (ms)
+-- KEYS[3] inflight   sorted set: in-flight ids (and claimed schedules), score = lease end
+-- KEYS[4] dead       sorted set: dead ids, score = time of death
+-- KEYS[5] token      counter: delivery tokens
+-- KEYS[6] payload    hash: id → payload
+-- KEYS[7] record     list `tw:{q}:claim:<claimer>:<n>`: `id, token, …` handed out by this
+--                    call (expires after a lease), so a retry of it is answered again
+-- KEYS[8] previous   the record of this worker's previous claim call, deleted: its reply
+--                    arrived, or this call would not be running
+-- KEYS[9] idle       sorted set: workers with room that found nothing due, score = since when
+-- KEYS[10] stats     hash: the queue's counters
+-- KEYS[11] lateness  list: lateness (ms) of the last 1000 deliveries
+--
+-- ARGV[1] label      'tw-claim' (not read)
+-- ARGV[2] lease      ms
+-- ARGV[3] wanted     most tasks to hand out (0: only move expired leases)
+-- ARGV[4] attempts   most deliveries of a task; a lease that expires on the last one kills it
+-- ARGV[5] channel    the partition's wake channel
+-- ARGV[6] batch      most expired leases moved by this call
+-- ARGV[7] worker     this worker's own wake channel (its member in the idle set)
+--
+-- Reply: now (server ms), next due ('' if none), next lease end ('' if none), more ('1' if
+-- expired leases remain beyond the batch), then per task handed out: id, due, attempt,
+-- token, payload. A due recurring schedule is claimed like a task (state `R`, under a lease)
+-- for the worker to advance, and returned with attempt 0 and its definition as payload.
+--
+-- Invariants: a task is handed out only with its exact payload, in one atomic step, under a
+-- new token and a lease; a claim whose reply was lost is retried with the same record and
+-- hands out the same tasks again (those still held by their tokens), nothing new. Never
+-- touches more than `batch` expired leases and `wanted` due tasks. A worker left with room
+-- (it claimed fewer than it wanted) joins the idle set, to be woken alone when a task
+-- becomes due; one that filled up while due tasks remain wakes another.
+
+local now = now_ms()
+local lease = tonumber(ARGV[2])
+redis.call('DEL', KEYS[8])
+local out = {}
+-- A task goes out with its payload, read in this same script.
+local function hand_out(id, d, att, tok)
+  table.insert(out, id)
+  table.insert(out, fmt(d))
+  table.insert(out, fmt(att))
+  table.insert(out, tok)
+  table.insert(out, redis.call('HGET', KEYS[6], id) or '')
+end
+local more = 0
+local replay = redis.call('LRANGE', KEYS[7], 0, -1)
+if #replay > 0 then
+  -- This claim ran before and its reply was lost: hand out the same tasks again.
+  for i = 1, #replay, 2 do
+    local id, tok = replay[i], replay[i + 1]
+    local m = redis.call('HGET', KEYS[1], id)
+    if m then
+      local st, d, seq, att, t, r = parse(m)
+      if st == 'i' and t == tok then
+        hand_out(id, d, att, tok)
+      elseif st == 'R' and t == tok then
+        table.insert(out, id)
+        table.insert(out, fmt(d))
+        table.insert(out, '0')
+        table.insert(out, tok)
+        table.insert(out, r)
+      end
+    end
+  end
+else
+  local limit = tonumber(ARGV[6])
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, limit)
+  local announced = false
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', KEYS[3], id)
+    local m = redis.call('HGET', KEYS[1], id)
+    if m then
+      local st, d, seq, att, t, r, call = parse(m)
+      if st == 'R' then
+        -- A recurring schedule whose worker did not advance it: due again as it was.
+        redis.call('HSET', KEYS[1], id, record('r', d, seq, 0, '0', r, call))
+        redis.call('ZADD', KEYS[2], d, member(seq, id))
+      elseif att >= tonumber(ARGV[4]) then
+        redis.call('HSET', KEYS[1], id, record('d', d, seq, att, '0',
+          'lease expired on delivery ' .. fmt(att) .. ' of ' .. ARGV[4], call))
+        redis.call('ZADD', KEYS[4], now, id)
+        redis.call('HINCRBY', KEYS[10], 'dead_lettered', 1)
+      else
+        redis.call('HINCRBY', KEYS[10], 'expired', 1)
+        if not announced then
+          announce(KEYS[2], ARGV[5], KEYS[9], now, now)
+          announced = true
+        end
+        redis.call('HSET', KEYS[1], id, record('p', now, seq, att, '0', '', call))
+        redis.call('ZADD', KEYS[2], now, member(seq, id))
+      end
+    end
+  end
+  if #expired == limit then more = 1 end
+  local wanted = tonumber(ARGV[3])
+  if wanted > 0 then
+    local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, wanted)
+    local late = {}
+    for _, mem in ipairs(due) do
+      redis.call('ZREM', KEYS[2], mem)
+      local id = string.sub(mem, 22)
+      local st, d, seq, att, t, r, call = parse(redis.call('HGET', KEYS[1], id))
+      local tok = fmt(redis.call('INCR', KEYS[5]))
+      redis.call('ZADD', KEYS[3], now + lease, id)
+      redis.call('RPUSH', KEYS[7], id, tok)
+      if st == 'r' then
+        redis.call('HSET', KEYS[1], id, record('R', d, seq, 0, tok, r, call))
+        table.insert(out, id)
+        table.insert(out, fmt(d))
+        table.insert(out, '0')
+        table.insert(out, tok)
+        table.insert(out, r)
+      else
+        att = att + 1
+        redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, '', call))
+        hand_out(id, d, att, tok)
+        table.insert(late, fmt(math.max(now - d, 0)))
+      end
+    end
+    if #due > 0 then redis.call('PEXPIRE', KEYS[7], lease) end
+    if #late > 0 then
+      redis.call('HINCRBY', KEYS[10], 'delivered', #late)
+      redis.call('RPUSH', KEYS[11], unpack(late))
+      redis.call('LTRIM', KEYS[11], -1000, -1)
+    end
+    if #due < wanted then
+      redis.call('ZADD', KEYS[9], now, ARGV[7])
+    else
+      redis.call('ZREM', KEYS[9], ARGV[7])
+    end
+  else
+    redis.call('ZREM', KEYS[9], ARGV[7])
+  end
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) <= now and (wanted == 0 or #out == wanted * 5) then
+    wake_one(KEYS[9])
+  end
+end
+local nd = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local nl = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+local head = {fmt(now), nd[2] or '', nl[2] or '', fmt(more)}
+for _, v in ipairs(out) do table.insert(head, v) end
+return head

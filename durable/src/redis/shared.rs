@@ -1,0 +1,141 @@
+//! [`Shared`]: one queue's connection, partitions, scripts and settings, and how a script is
+//! run on them — retried while the server is unreachable, and for a write, confirmed by the
+//! replicas asked for. The calls themselves are in `calls.rs` (changing tasks) and
+//! `inspect.rs` (reading them); the engine (`engine.rs`) claims through the same [`Shared`].
+
+use std::time::Duration;
+
+use redis::Script;
+
+use super::connection::{Connection, RESPONSE_TIMEOUT, classify, with_retries};
+use super::keys::{Keys, partition_of};
+use super::scripts::Scripts;
+use crate::Error;
+use crate::protocol::Settings;
+
+/// Most entries one renewal, release or dead-letter page touches.
+pub(super) const PAGE: usize = 1000;
+
+/// How long a write waits for its replicas (`Builder::replicas`) before it reports them
+/// missing: one `WAIT`, on the connection that made the write, so it must end inside
+/// [`RESPONSE_TIMEOUT`] (a longer one fails first, as a lost connection: "timed out"). Not
+/// several shorter ones in a row: after a reconnect or a failover a later one is answered by
+/// a connection that made no write, which any replica satisfies at once (with 2 s slices the
+/// cluster failover test lost a task).
+const REPLICA_TIMEOUT: Duration = Duration::from_secs(4);
+const _: () = assert!(REPLICA_TIMEOUT.as_millis() < RESPONSE_TIMEOUT.as_millis());
+
+/// Script arguments, each turned into Redis bytes once (so retries resend the same values).
+macro_rules! redis_args {
+    ($($value:expr),* $(,)?) => {{
+        let mut args: Vec<Vec<u8>> = Vec::new();
+        $(args.extend(redis::ToRedisArgs::to_redis_args(&$value));)*
+        args
+    }};
+}
+pub(super) use redis_args;
+
+/// One queue's connection, partitions, scripts and settings: what the engine and every
+/// handle and delivery of the queue call directly.
+pub(crate) struct Shared {
+    pub(super) parts: Vec<Keys>,
+    pub(super) scripts: Scripts,
+    pub(super) connection: Connection,
+    pub(super) settings: Settings,
+    /// Writes return once this many replicas have them (`WAIT`).
+    pub(super) replicas: usize,
+}
+
+pub(super) fn delay_ms_floor(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A number in a script's reply (Redis prints scores as doubles, "1.7e+12" for some).
+pub(super) fn number(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    text.parse::<u64>()
+        .ok()
+        .or_else(|| text.parse::<f64>().ok().map(|f| f as u64))
+}
+
+impl Shared {
+    /// The keys of the partition task `id` lives in.
+    pub(super) fn keys_for(&self, id: &str) -> &Keys {
+        &self.parts[partition_of(id, self.parts.len())]
+    }
+
+    /// Runs one of the queue's scripts, retrying while the server is unreachable.
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: Vec<Vec<u8>>,
+    ) -> Result<T, Error> {
+        with_retries(|| {
+            let mut connection = self.connection.clone();
+            let mut invocation = script.prepare_invoke();
+            for key in keys {
+                invocation.key(*key);
+            }
+            for arg in &args {
+                invocation.arg(arg.as_slice());
+            }
+            async move { invocation.invoke_async(&mut connection).await }
+        })
+        .await
+    }
+
+    /// Runs a script that writes to partition `part`, then, with
+    /// [`replicas`](crate::Builder::replicas), waits until that many replicas have the write.
+    pub(super) async fn invoke_write<T: redis::FromRedisValue>(
+        &self,
+        part: &Keys,
+        script: &Script,
+        keys: &[&str],
+        args: Vec<Vec<u8>>,
+    ) -> Result<T, Error> {
+        let value = self.invoke(script, keys, args).await?;
+        self.wait_for_replicas(part).await?;
+        Ok(value)
+    }
+
+    /// `WAIT replicas timeout` on the connection that wrote to `part` (on a cluster: its
+    /// master), or nothing without replicas asked for.
+    async fn wait_for_replicas(&self, part: &Keys) -> Result<(), Error> {
+        if self.replicas == 0 {
+            return Ok(());
+        }
+        let timeout = delay_ms_floor(REPLICA_TIMEOUT);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.replicas).arg(timeout);
+        let acknowledged: usize = match &self.connection {
+            Connection::Single(connection) => {
+                let mut connection = connection.clone();
+                wait.query_async(&mut connection)
+                    .await
+                    .map_err(|e| classify(&e))?
+            }
+            Connection::Cluster(connection) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let mut connection = connection.clone();
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(part.slot, SlotAddr::Master),
+                ));
+                let value = connection
+                    .route_command(wait, route)
+                    .await
+                    .map_err(|e| classify(&e))?;
+                redis::FromRedisValue::from_redis_value(value)
+                    .map_err(|e| Error::Io(e.to_string()))?
+            }
+        };
+        if acknowledged < self.replicas {
+            return Err(Error::Unreachable(format!(
+                "the write is on the primary but only {acknowledged} of {} replicas had it \
+                 within {REPLICA_TIMEOUT:?}",
+                self.replicas
+            )));
+        }
+        Ok(())
+    }
+}
