@@ -21,7 +21,7 @@ pub(crate) struct Cli {
     /// A queue on Redis: redis://[user:password@]host:port/[db] (rediss:// for TLS); the
     /// password is never printed. Put it in TWQ_REDIS to keep it out of the process list.
     #[arg(long, value_name = "URL", env = "TWQ_REDIS", hide_env_values = true)]
-    #[arg(requires = "queue", global = true, help_heading = "Queue")]
+    #[arg(global = true, help_heading = "Queue")]
     pub(crate) redis: Option<String>,
 
     /// A queue on Redis Cluster, through any of its nodes (comma-separated URLs).
@@ -39,7 +39,7 @@ pub(crate) struct Cli {
     )]
     pub(crate) cluster: Option<Vec<String>>,
 
-    /// The queue's name on Redis.
+    /// The queue's name on Redis (required with --redis and --cluster).
     #[arg(
         long,
         short,

@@ -67,6 +67,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return usage(&error, &secrets),
     };
+    // (Not clap's `requires`: it misses a global --queue when the URL comes from TWQ_REDIS.)
+    if (cli.redis.is_some() || cli.cluster.is_some()) && cli.queue.is_none() {
+        let message = "the following required arguments were not provided: --queue <NAME> \
+                       (with --redis or --cluster) (see twq --help)";
+        return fail(2, message, &secrets);
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
