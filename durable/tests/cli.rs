@@ -530,7 +530,11 @@ async fn every_subcommand(backend: &Backend) {
         .twq(&["purge-dead", "--older-than", "0s"])
         .await
         .ok();
-    assert_eq!(run.stdout, format!("purged {} dead letters\n", stats.dead));
+    let plural = if stats.dead == 1 { "" } else { "s" };
+    assert_eq!(
+        run.stdout,
+        format!("purged {} dead letter{plural}\n", stats.dead)
+    );
     assert!(backend.list(TaskFilter::Dead).await.is_empty());
 
     // Recurring schedules: `cancel` cannot, `recurring cancel` does.

@@ -18,8 +18,9 @@ use crate::units::{parse_duration, parse_time};
 #[command(name = "twq", version, max_term_width = 100)]
 #[command(group(ArgGroup::new("backend").required(true).args(["redis", "cluster", "file"])))]
 pub(crate) struct Cli {
-    /// A queue on Redis: redis://[user:password@]host:port/[db] (rediss:// for TLS); the
-    /// password is never printed. Put it in TWQ_REDIS to keep it out of the process list.
+    /// A queue on Redis: redis://host:port/, with a password redis://:password@host:port/
+    /// (an ACL user: user:password@; rediss:// for TLS). The password is never printed; put
+    /// the URL in TWQ_REDIS to keep it out of the process list.
     #[arg(long, value_name = "URL", env = "TWQ_REDIS", hide_env_values = true)]
     #[arg(global = true, help_heading = "Queue")]
     pub(crate) redis: Option<String>,

@@ -246,7 +246,7 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
             let mut json = stats_json(&stats);
             json["queue"] = json!(target);
             Ok(Output {
-                human: stats_table(target, &stats),
+                human: stats_table(target.strip_prefix("queue ").unwrap_or(target), &stats),
                 json,
             })
         }
@@ -411,7 +411,10 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
                 format!(" older than {}", short(*older_than))
             };
             Ok(Output {
-                human: format!("purged {purged} dead letters{age}\n"),
+                human: format!(
+                    "purged {purged} dead letter{}{age}\n",
+                    if purged == 1 { "" } else { "s" }
+                ),
                 json: json!({"purged": purged, "older_than_ms": u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX)}),
             })
         }
