@@ -1,0 +1,283 @@
+//! What `twq` prints: tasks as table rows or JSON, aligned tables, and URLs with their
+//! password masked.
+
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+use tokio_wheel_durable::{QueueStats, TaskInfo, TaskState};
+
+use crate::units::{epoch_ms, relative, rfc3339, short};
+
+/// A task's state as one word: `pending`, `in-flight`, `dead`.
+pub(crate) fn state_name(state: &TaskState) -> &'static str {
+    match state {
+        TaskState::Pending => "pending",
+        TaskState::InFlight { .. } => "in-flight",
+        TaskState::Dead { .. } => "dead",
+        _ => "unknown",
+    }
+}
+
+/// A task as a JSON object: times as RFC 3339 (milliseconds) and as epoch milliseconds.
+pub(crate) fn task_json(task: &TaskInfo) -> Value {
+    let mut object = json!({
+        "id": task.id.as_str(),
+        "state": state_name(&task.state),
+        "due": rfc3339(task.due, true),
+        "due_ms": epoch_ms(task.due),
+        "attempts": task.attempts,
+        "payload_len": task.payload_len,
+        "reason": task.reason,
+    });
+    if let TaskState::InFlight {
+        attempt,
+        lease_until,
+    } = &task.state
+    {
+        object["attempt"] = json!(attempt);
+        object["lease_until"] = json!(rfc3339(*lease_until, true));
+        object["lease_until_ms"] = json!(epoch_ms(*lease_until));
+    }
+    object
+}
+
+/// The queue's counts and counters as a JSON object (latencies in milliseconds).
+pub(crate) fn stats_json(stats: &QueueStats) -> Value {
+    json!({
+        "pending": stats.pending,
+        "in_flight": stats.in_flight,
+        "dead": stats.dead,
+        "delivered": stats.delivered,
+        "acked": stats.acked,
+        "retried": stats.retried,
+        "dead_lettered": stats.dead_lettered,
+        "expired": stats.expired,
+        "returned": stats.returned,
+        "lateness_p50_ms": u64::try_from(stats.lateness_p50.as_millis()).unwrap_or(u64::MAX),
+        "lateness_p99_ms": u64::try_from(stats.lateness_p99.as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+/// The queue's counts and counters as `name  value` lines.
+pub(crate) fn stats_table(target: &str, stats: &QueueStats) -> String {
+    let rows = [
+        ("queue", clean(target)),
+        ("pending", stats.pending.to_string()),
+        ("in flight", stats.in_flight.to_string()),
+        ("dead", stats.dead.to_string()),
+        ("delivered", stats.delivered.to_string()),
+        ("acked", stats.acked.to_string()),
+        ("retried", stats.retried.to_string()),
+        ("dead-lettered", stats.dead_lettered.to_string()),
+        ("expired", stats.expired.to_string()),
+        ("returned", stats.returned.to_string()),
+        ("lateness p50", short(stats.lateness_p50)),
+        ("lateness p99", short(stats.lateness_p99)),
+    ];
+    pairs(rows.iter().map(|(k, v)| (*k, v.clone())))
+}
+
+/// One task as `field  value` lines.
+pub(crate) fn task_block(task: &TaskInfo, now: SystemTime) -> String {
+    let mut rows = vec![
+        ("id", clean(task.id.as_str())),
+        ("state", state_name(&task.state).to_owned()),
+        (
+            "due",
+            format!("{} ({})", rfc3339(task.due, false), relative(task.due, now)),
+        ),
+        ("attempts", task.attempts.to_string()),
+        ("payload", format!("{} bytes", task.payload_len)),
+    ];
+    if let TaskState::InFlight { lease_until, .. } = &task.state {
+        rows.push((
+            "lease until",
+            format!(
+                "{} ({})",
+                rfc3339(*lease_until, false),
+                relative(*lease_until, now)
+            ),
+        ));
+    }
+    if let Some(reason) = &task.reason {
+        rows.push(("reason", clean(reason)));
+    }
+    pairs(rows.into_iter())
+}
+
+/// Tasks as an aligned table, a header first.
+pub(crate) fn task_table(tasks: &[TaskInfo], now: SystemTime) -> String {
+    let mut rows =
+        vec![["ID", "STATE", "DUE", "", "ATTEMPTS", "PAYLOAD", "DETAIL"].map(str::to_owned)];
+    for task in tasks {
+        let detail = match &task.state {
+            TaskState::InFlight { lease_until, .. } => {
+                format!("lease ends {}", relative(*lease_until, now))
+            }
+            _ => task.reason.as_deref().map(clean).unwrap_or_default(),
+        };
+        rows.push([
+            clean(task.id.as_str()),
+            state_name(&task.state).to_owned(),
+            rfc3339(task.due, false),
+            relative(task.due, now),
+            task.attempts.to_string(),
+            format!("{} B", task.payload_len),
+            detail,
+        ]);
+    }
+    table(&rows)
+}
+
+/// Rows as columns two spaces apart, each as wide as its widest cell (the last not padded).
+pub(crate) fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0; N];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            if i + 1 < N {
+                let pad = widths[i] - cell.chars().count();
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn pairs(rows: impl Iterator<Item = (&'static str, String)>) -> String {
+    let rows: Vec<[String; 2]> = rows.map(|(k, v)| [k.to_owned(), v]).collect();
+    table(&rows)
+}
+
+/// Text from the store made safe for a terminal: control characters (a newline in a
+/// reason, an escape sequence in an id) are shown escaped.
+pub(crate) fn clean(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// The URL with the password of its user part replaced by `***`
+/// (`redis://:***@host:6379/`, `redis://user:***@host/`).
+pub(crate) fn mask_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end],
+            &rest[..colon],
+            &rest[at..]
+        ),
+        None => url.to_owned(),
+    }
+}
+
+/// The passwords in these URLs, as written and percent-decoded (what must never be printed).
+pub(crate) fn passwords<'a>(urls: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut secrets = Vec::new();
+    for url in urls {
+        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+            continue;
+        };
+        let rest = &url[scheme_end..];
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let Some(at) = rest[..authority_end].rfind('@') else {
+            continue;
+        };
+        if let Some(colon) = rest[..at].find(':') {
+            let password = &rest[colon + 1..at];
+            if !password.is_empty() {
+                secrets.push(password.to_owned());
+                secrets.push(percent_decode(password));
+            }
+        }
+    }
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    secrets
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = text.get(i + 1..i + 3).filter(|_| bytes[i] == b'%');
+        if let Some(byte) = hex.and_then(|hex| u8::from_str_radix(hex, 16).ok()) {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `text` with every secret replaced by `***`.
+pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
+    let mut text = text.to_owned();
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        if text.contains(secret.as_str()) {
+            text = text.replace(secret.as_str(), "***");
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            mask_url("redis://:s3cret@10.0.0.1:6379/"),
+            "redis://:***@10.0.0.1:6379/"
+        );
+        assert_eq!(
+            mask_url("rediss://worker:p@ss@host/2"),
+            "rediss://worker:***@host/2"
+        );
+        assert_eq!(mask_url("redis://host:6379/"), "redis://host:6379/");
+        assert_eq!(mask_url("redis://user@host/"), "redis://user@host/");
+        let secrets = passwords(["redis://:a%40b@h/", "redis://h/"].into_iter());
+        assert_eq!(secrets, ["a%40b", "a@b"]);
+        assert_eq!(scrub("x a@b y a%40b", &secrets), "x *** y ***");
+    }
+
+    #[test]
+    fn tables_align() {
+        let rows = [["a", "bb", "c"], ["ccc", "d", ""]].map(|r| r.map(str::to_owned));
+        assert_eq!(table(&rows), "a    bb  c\nccc  d\n");
+        assert_eq!(clean("a\nb\u{1b}"), "a\\nb\\u{1b}");
+    }
+}
