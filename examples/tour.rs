@@ -176,6 +176,6 @@ async fn main() {
         stats.pending
     );
     println!(
-        "\nEach part as a real program: cargo run --release --example keepalive | delayed_jobs | ack_timeouts | periodic\n(and with --features durable: durable; with --features redis: redis_queue)"
+        "\nEach part as a real program: cargo run --release --example keepalive | delayed_jobs | ack_timeouts | periodic\n(the job queue, crate tokio-wheel-durable: cargo run --release -p tokio-wheel-durable --example durable;\n with --features redis: redis_queue)"
     );
 }
