@@ -8,7 +8,9 @@
 //! - delayed async jobs: [`Wheel::spawn_after`], [`Wheel::spawn_every`], with [`JobHandle`]s
 //!   to cancel, reschedule, abort and await them;
 //! - keyed timers: [`Wheel::keyed`] gives [`Timers`] to set, move and remove timers by key,
-//!   and an [`Expirations`] stream.
+//!   and an [`Expirations`] stream;
+//! - servers (features `hyper`, `tower`): hyper's timer and an idle-connection timeout in
+//!   `tokio_wheel::hyper`, a request-deadline layer in `tokio_wheel::tower`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -80,6 +82,8 @@ mod builder;
 pub mod durable;
 mod error;
 mod handle;
+#[cfg(feature = "hyper")]
+pub mod hyper;
 mod interval;
 mod job;
 pub mod keyed;
@@ -89,6 +93,8 @@ mod sleep;
 mod stats;
 mod timeout;
 mod timer;
+#[cfg(feature = "tower")]
+pub mod tower;
 pub mod wheel;
 
 pub use builder::Builder;
