@@ -140,6 +140,8 @@ struct Idle {
     /// Set by an IO that found the connection busy with its timer spent (or unusable: a zero
     /// timeout, a stopped wheel): the last guard to drop must wake it.
     parked: AtomicBool,
+    /// Set once the IO closed the connection.
+    closed: AtomicBool,
     /// The tasks waiting on a read and on a write (or flush); the wheel timer wakes both.
     read: AtomicWaker,
     write: AtomicWaker,
@@ -253,6 +255,7 @@ impl Watch {
 
     fn close(&mut self, why: Closed) -> io::Error {
         self.closed = Some(why);
+        self.idle.closed.store(true, Ordering::Relaxed);
         self.sleep = None;
         // A read or write waiting in another task (a split IO) learns at once.
         self.idle.read.wake();
@@ -276,10 +279,14 @@ impl<T> IdleIo<T> {
             last_activity: AtomicU64::new(0),
             busy: AtomicUsize::new(0),
             parked: AtomicBool::new(false),
+            closed: AtomicBool::new(wheel.is_shutdown()),
             read: AtomicWaker::new(),
             write: AtomicWaker::new(),
         });
-        let closed = wheel.is_shutdown().then_some(Closed::Shutdown);
+        let closed = idle
+            .closed
+            .load(Ordering::Relaxed)
+            .then_some(Closed::Shutdown);
         IdleIo {
             io,
             watch: Watch {
@@ -441,6 +448,13 @@ impl IdleHandle {
     /// The idle timeout.
     pub fn timeout(&self) -> Duration {
         self.idle.timeout
+    }
+
+    /// Whether the [`IdleIo`] closed its connection (idle, or the wheel shut down) — as
+    /// opposed to the connection ending any other way. hyper reports a keep-alive connection
+    /// that ends between requests as a clean end (`Ok`), whatever the IO said; this tells.
+    pub fn is_closed(&self) -> bool {
+        self.idle.closed.load(Ordering::Relaxed)
     }
 }
 
