@@ -158,11 +158,9 @@ async fn get(stream: &mut TcpStream, path: &str) -> io::Result<()> {
 async fn closed_at(stream: &mut TcpStream, limit: Duration) -> Instant {
     let mut chunk = [0; 64];
     tokio::time::timeout(limit, async {
-        loop {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return Instant::now(),
-                Ok(n) => panic!("unexpected bytes: {:?}", &chunk[..n]),
-            }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => Instant::now(),
+            Ok(n) => panic!("unexpected bytes: {:?}", &chunk[..n]),
         }
     })
     .await
