@@ -82,6 +82,7 @@ async fn a_real_server_answers_slow_requests_with_the_layers_elapsed() {
             .body(Empty::<Bytes>::new())
             .unwrap();
         let start = Instant::now();
+        send.ready().await.unwrap();
         let response = send.send_request(request).await.unwrap();
         let status = response.status();
         let body = response.into_body().collect().await.unwrap().to_bytes();
