@@ -43,6 +43,9 @@ pin_project! {
     ///   answer `TimedOut`, "timer wheel shut down"); a busy one closes as soon as its last
     ///   guard drops and it would wait. An `IdleIo` made on a wheel that is already shut down
     ///   is closed from the start: its first read or write answers `TimedOut` at once.
+    /// - **With hyper's header-read timeout:** hyper also runs `header_read_timeout` (30 s by
+    ///   default once a timer is set) while an HTTP/1 keep-alive connection waits for its next
+    ///   request; keep it longer than the idle timeout, or it closes idle connections first.
     /// - **Edge timeouts:** `Duration::ZERO` closes the connection the first time it would
     ///   wait with no request in progress (a read that finds no bytes ready) — like nginx's
     ///   `keepalive_timeout 0`, it ends keep-alive. `Duration::MAX` (or any timeout past the
