@@ -562,16 +562,22 @@ fn hyper_types_are_send_sync() {
 
 const D: Duration = Duration::from_secs(10);
 
-/// Reads until the IO errs; returns the error and when.
+/// Reads until the IO errs; returns the error and when. Fails after an hour (of paused
+/// time, so at once) rather than hang.
 async fn read_until_error(io: &mut (impl AsyncRead + Unpin)) -> (io::Error, Instant) {
     let mut buf = [0; 64];
-    loop {
-        match io.read(&mut buf).await {
-            Ok(0) => panic!("end of file instead of an error"),
-            Ok(_) => {}
-            Err(error) => return (error, Instant::now()),
+    let read = async {
+        loop {
+            match io.read(&mut buf).await {
+                Ok(0) => panic!("end of file instead of an error"),
+                Ok(_) => {}
+                Err(error) => return (error, Instant::now()),
+            }
         }
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(3600), read)
+        .await
+        .expect("the IO was never closed")
 }
 
 fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
@@ -705,7 +711,8 @@ async fn a_write_the_peer_never_reads_times_out() {
     let (stream, _peer) = tokio::io::duplex(8);
     let mut io = IdleIo::new(stream, &wheel, D);
     let start = Instant::now();
-    let error = io.write_all(&[7; 100]).await.unwrap_err();
+    let write = tokio::time::timeout(Duration::from_secs(3600), io.write_all(&[7; 100]));
+    let error = write.await.expect("never timed out").unwrap_err();
     assert_eq!(error.kind(), ErrorKind::TimedOut);
     assert!(start.elapsed() >= D);
     assert!(start.elapsed() <= D + Duration::from_millis(2));
@@ -748,7 +755,7 @@ async fn a_zero_timeout_closes_as_soon_as_a_read_would_wait() {
     let start = Instant::now();
     let mut buf = [0; 5];
     io.read_exact(&mut buf).await.unwrap(); // bytes already there still arrive
-    let error = io.read(&mut buf).await.unwrap_err();
+    let (error, _) = read_until_error(&mut io).await;
     assert_eq!(error.kind(), ErrorKind::TimedOut);
     assert_eq!(start.elapsed(), Duration::ZERO);
 
