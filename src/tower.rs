@@ -50,6 +50,26 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// it makes [`Timeout`] services.
 ///
 /// `Clone + Send + Sync`; cloning clones the wheel's handle.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use tokio_wheel::Wheel;
+/// use tokio_wheel::tower::TimeoutLayer;
+/// use tower::{BoxError, ServiceBuilder, ServiceExt, service_fn};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let wheel = Wheel::new();
+/// let never = service_fn(|()| std::future::pending::<Result<(), BoxError>>());
+/// let svc = ServiceBuilder::new()
+///     .layer(TimeoutLayer::new(&wheel, Duration::from_secs(5)))
+///     .service(never);
+/// let error = svc.oneshot(()).await.unwrap_err();
+/// let elapsed = error.downcast::<tokio_wheel::Elapsed>().unwrap();
+/// assert!(!elapsed.is_shutdown());
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct TimeoutLayer {
     wheel: Wheel,
@@ -176,6 +196,27 @@ pin_project! {
     /// holding the inner error or [`Elapsed`] once the deadline passed.
     ///
     /// Dropping it drops the inner future and cancels the timer.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use tokio::time::Instant;
+    /// use tokio_wheel::Wheel;
+    /// use tokio_wheel::tower::{ResponseFuture, Timeout};
+    /// use tower::{BoxError, Service, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let wheel = Wheel::new();
+    /// let echo = service_fn(|n: u32| async move { Ok::<_, BoxError>(n) });
+    /// let mut svc = Timeout::new(echo, &wheel, Duration::from_secs(1));
+    /// let called = Instant::now();
+    /// let response = svc.ready().await.unwrap().call(7);
+    /// assert_eq!(response.deadline(), Some(called + Duration::from_secs(1)));
+    /// assert_eq!(response.await.unwrap(), 7);
+    /// # let _: Option<ResponseFuture<std::future::Ready<Result<u32, BoxError>>>> = None;
+    /// # }
+    /// ```
     #[derive(Debug)]
     #[must_use = "futures do nothing unless you `.await` or poll them"]
     pub struct ResponseFuture<F> {
@@ -185,7 +226,7 @@ pin_project! {
 }
 
 impl<F> ResponseFuture<F> {
-    /// The deadline of this request.
+    /// The deadline of this request: its `call` plus the timeout.
     pub fn deadline(&self) -> Option<Instant> {
         self.inner.deadline()
     }

@@ -125,6 +125,32 @@ pub struct IdleHandle {
 /// A request in progress on an [`IdleIo`]'s connection: while any `Busy` lives, the
 /// connection is not closed for idleness. Made by [`IdleHandle::busy`]; the countdown
 /// restarts when the last one drops.
+///
+/// ```
+/// use std::io::ErrorKind;
+/// use std::time::Duration;
+///
+/// use tokio::io::AsyncReadExt;
+/// use tokio::time::Instant;
+/// use tokio_wheel::Wheel;
+/// use tokio_wheel::hyper::IdleIo;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let wheel = Wheel::new();
+/// let (stream, _peer) = tokio::io::duplex(64);
+/// let mut io = IdleIo::new(stream, &wheel, Duration::from_secs(1));
+/// let busy = io.handle().busy();
+/// let released = Instant::now() + Duration::from_secs(10);
+/// tokio::spawn(async move {
+///     tokio::time::sleep_until(released).await;
+///     drop(busy);
+/// });
+/// let error = io.read(&mut [0; 8]).await.unwrap_err();
+/// assert_eq!(error.kind(), ErrorKind::TimedOut);
+/// assert!(Instant::now() >= released + Duration::from_secs(1));
+/// # }
+/// ```
 #[must_use = "the connection counts as busy only while the guard lives"]
 pub struct Busy {
     idle: Arc<Idle>,
