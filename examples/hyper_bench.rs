@@ -7,9 +7,12 @@
 //! - `wheel`: `HyperTimer` for hyper and `IdleIo` for idle expiry, on one wheel.
 //!
 //! The server runs in a child process (this binary with `--server <variant>`), so its CPU
-//! (user + system, from `/proc/<pid>/stat`) and its peak RSS (`VmHWM` in
-//! `/proc/<pid>/status`) are its own; the load generator runs in this process. Variants
-//! alternate (tokio, wheel, then wheel, tokio, ...), `--runs` times each.
+//! and memory are its own: CPU under load is user + system time of all its threads from
+//! `/proc/<pid>/stat` (10 ms ticks, fine over seconds of load); idle CPU, a few milliseconds,
+//! is the sum of its threads' on-CPU nanoseconds from `/proc/<pid>/task/*/schedstat`; peak
+//! RSS is `VmHWM` from `/proc/<pid>/status`. The load generator runs in this process, on its
+//! own runtime (Linux only). Variants alternate (tokio, wheel, then wheel, tokio, ...),
+//! `--runs` times each, each run in a fresh server process.
 //!
 //! Each run: the idle connections connect, all send one request at the same moment and then
 //! stay silent; the server's CPU over an idle window (while all of them wait) is the idle
@@ -21,8 +24,13 @@
 //!
 //! ```text
 //! cargo run --release --features hyper --example hyper_bench -- [--runs 5] [--idle 10000]
-//!     [--secs 10] [--timeout-ms 5000] [--quick]
+//!     [--secs 10] [--timeout-ms 5000] [--threads 2] [--no-header-timeout] [--quick]
 //! ```
+//!
+//! hyper arms its header-read timeout (30 s by default once a timer is set) for every
+//! request and drops it when the head arrives: `--no-header-timeout` turns it off in both
+//! servers, to tell that per-request timer's cost from the idle expiry's. `--threads` sets
+//! the server's worker threads.
 //!
 //! `--quick` (CI): 200 idle connections, a 1 s timeout, 2 s of load, 1 run. `--idle 100000`
 //! raises `RLIMIT_NOFILE` to its hard limit (it must allow N + a few hundred descriptors) and
@@ -52,6 +60,8 @@ use tokio_wheel::Wheel;
 use tokio_wheel::hyper::{HyperTimer, IdleIo};
 
 const BUSY_CONNECTIONS: usize = 64;
+/// hyper's default once a timer is set; it arms one sleep per request on the server's timer.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,6 +84,8 @@ struct Options {
     idle: usize,
     secs: f64,
     timeout: Duration,
+    /// Whether the server runs hyper's header-read timeout (a timer per request).
+    header_read: bool,
 }
 
 fn main() {
@@ -93,7 +105,8 @@ fn main() {
         };
         let timeout = Duration::from_millis(value("--timeout-ms").unwrap().parse().unwrap());
         let threads = value("--threads").map_or(2, |t| t.parse().unwrap());
-        return run_server(variant, timeout, threads);
+        let header_read = !args.iter().any(|arg| arg == "--no-header-timeout");
+        return run_server(variant, timeout, threads, header_read);
     }
     let quick = args.iter().any(|arg| arg == "--quick");
     let mut options = if quick {
@@ -102,6 +115,7 @@ fn main() {
             idle: 200,
             secs: 2.0,
             timeout: Duration::from_secs(1),
+            header_read: true,
         }
     } else {
         Options {
@@ -109,6 +123,7 @@ fn main() {
             idle: 10_000,
             secs: 10.0,
             timeout: Duration::from_secs(5),
+            header_read: true,
         }
     };
     if let Some(runs) = value("--runs") {
@@ -123,6 +138,7 @@ fn main() {
     if let Some(ms) = value("--timeout-ms") {
         options.timeout = Duration::from_millis(ms.parse().expect("--timeout-ms MS"));
     }
+    options.header_read = !args.iter().any(|arg| arg == "--no-header-timeout");
     let threads = value("--threads").unwrap_or_else(|| "2".into());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -135,7 +151,7 @@ fn main() {
 // ---------------------------------------------------------------------------------------
 // The server (child process).
 
-fn run_server(variant: Variant, timeout: Duration, threads: usize) {
+fn run_server(variant: Variant, timeout: Duration, threads: usize, header_read: bool) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
@@ -157,6 +173,7 @@ fn run_server(variant: Variant, timeout: Duration, threads: usize) {
                     let io = TokioIdle::new(stream, timeout);
                     let connection = http1::Builder::new()
                         .timer(TokioTimer::new())
+                        .header_read_timeout(header_read.then_some(HEADER_READ_TIMEOUT))
                         .serve_connection(TokioIo::new(io), service);
                     tokio::spawn(connection);
                 }
@@ -164,6 +181,7 @@ fn run_server(variant: Variant, timeout: Duration, threads: usize) {
                     let io = IdleIo::new(stream, &wheel, timeout);
                     let connection = http1::Builder::new()
                         .timer(timer.clone())
+                        .header_read_timeout(header_read.then_some(HEADER_READ_TIMEOUT))
                         .serve_connection(TokioIo::new(io), service);
                     tokio::spawn(connection);
                 }
@@ -271,10 +289,15 @@ struct ServerProcess {
 }
 
 impl ServerProcess {
-    fn start(variant: Variant, timeout: Duration, threads: &str) -> ServerProcess {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+    fn start(variant: Variant, options: &Options, threads: &str) -> ServerProcess {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
             .args(["--server", variant.name(), "--threads", threads])
-            .args(["--timeout-ms", &timeout.as_millis().to_string()])
+            .args(["--timeout-ms", &options.timeout.as_millis().to_string()]);
+        if !options.header_read {
+            command.arg("--no-header-timeout");
+        }
+        let mut child = command
             .stdout(Stdio::piped())
             .spawn()
             .expect("start the server process");
@@ -303,6 +326,19 @@ impl ServerProcess {
         // SAFETY: sysconf has no preconditions.
         let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
         Duration::from_secs_f64(ticks as f64 / per_second as f64)
+    }
+
+    /// On-CPU time of the server's live threads, in nanoseconds (`/proc/<pid>/task/*/schedstat`):
+    /// fine-grained where the 10 ms ticks of `/proc/<pid>/stat` are too coarse (an idle
+    /// server); `None` where the kernel does not provide it.
+    fn cpu_fine(&self) -> Option<Duration> {
+        let mut total = 0u64;
+        for task in std::fs::read_dir(format!("/proc/{}/task", self.child.id())).ok()? {
+            let path = task.ok()?.path().join("schedstat");
+            let stat = std::fs::read_to_string(path).ok()?;
+            total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+        Some(Duration::from_nanos(total))
     }
 
     /// Peak resident set size, in MiB.
@@ -433,7 +469,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResult {
-    let server = ServerProcess::start(variant, options.timeout, threads);
+    let server = ServerProcess::start(variant, options, threads);
     let addr = server.addr;
 
     // Idle connections: connect, then one request each at the same moment.
@@ -461,9 +497,12 @@ async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResu
     let window_start = released + options.timeout / 5;
     let window = options.timeout / 2;
     tokio::time::sleep_until(window_start).await;
-    let cpu_before = server.cpu();
+    let cpu_before = (server.cpu_fine(), server.cpu());
     tokio::time::sleep(window).await;
-    let idle_cpu = server.cpu() - cpu_before;
+    let idle_cpu = match (cpu_before.0, server.cpu_fine()) {
+        (Some(before), Some(after)) => after.saturating_sub(before),
+        _ => server.cpu() - cpu_before.1,
+    };
 
     // Busy: 64 connections back to back; the idle ones expire meanwhile.
     let cpu_before = server.cpu();
@@ -528,8 +567,13 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 async fn orchestrate(options: Options, threads: String) {
     println!(
         "hyper_bench: {} idle + {BUSY_CONNECTIONS} busy connections, idle timeout {:?}, \
-         {} s of load, {} run(s) per variant, server: {threads} worker thread(s)",
-        options.idle, options.timeout, options.secs, options.runs
+         {} s of load, {} run(s) per variant, server: {threads} worker thread(s), \
+         header-read timeout {}",
+        options.idle,
+        options.timeout,
+        options.secs,
+        options.runs,
+        if options.header_read { "30 s" } else { "off" }
     );
     println!(
         "| run | variant | req/s | p50 µs | p99 µs | server CPU µs/req | max RSS MiB | \
@@ -546,7 +590,7 @@ async fn orchestrate(options: Options, threads: String) {
         for variant in order {
             let r = run_once(variant, &options, &threads).await;
             println!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} / {:.1} / {:.1} | {} | {} |",
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {} | {} |",
                 run + 1,
                 variant.name(),
                 r.requests_per_sec,
@@ -580,7 +624,7 @@ async fn orchestrate(options: Options, threads: String) {
         let early: usize = of().map(|r| r.early_closes).sum();
         let never: usize = of().map(|r| r.never_closed).sum();
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} | {} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.3} | {:.1} | {} |",
             variant.name(),
             median(of().map(|r| r.requests_per_sec)),
             median(of().map(|r| r.p50_us)),
