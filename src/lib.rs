@@ -8,7 +8,9 @@
 //! - delayed async jobs: [`Wheel::spawn_after`], [`Wheel::spawn_every`], with [`JobHandle`]s
 //!   to cancel, reschedule, abort and await them;
 //! - keyed timers: [`Wheel::keyed`] gives [`Timers`] to set, move and remove timers by key,
-//!   and an [`Expirations`] stream.
+//!   and an [`Expirations`] stream;
+//! - servers (features `hyper`, `tower`): hyper's timer and an idle-connection timeout in
+//!   `tokio_wheel::hyper`, a request-deadline layer in `tokio_wheel::tower`.
 //!
 //! ```
 //! use std::time::Duration;
@@ -78,6 +80,8 @@ mod actor;
 mod builder;
 mod error;
 mod handle;
+#[cfg(feature = "hyper")]
+pub mod hyper;
 mod interval;
 mod job;
 pub mod keyed;
@@ -88,6 +92,8 @@ mod stats;
 mod stopped;
 mod timeout;
 mod timer;
+#[cfg(feature = "tower")]
+pub mod tower;
 pub mod wheel;
 
 pub use builder::Builder;

@@ -1,0 +1,526 @@
+//! [`IdleIo`]: closes a connection once no byte has moved for a while and no request is in
+//! progress — the idle timeout hyper lacks (hyper issue #1628).
+
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use futures::task::AtomicWaker;
+use pin_project_lite::pin_project;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use crate::{Sleep, Wheel};
+
+pin_project! {
+    /// An IO (a `TcpStream`, a TLS stream, anything `AsyncRead + AsyncWrite`) that ends itself
+    /// once no byte has moved in either direction for its idle timeout **and** no request is in
+    /// progress.
+    ///
+    /// hyper closes a keep-alive connection only when the client does; wrap the stream before
+    /// handing it to hyper (through hyper-util's `TokioIo`) and it is closed for you. The
+    /// wrapper works at the byte level, so HTTP/1 and HTTP/2 alike.
+    ///
+    /// - **What counts as traffic:** a read that returns bytes, a write that accepts bytes,
+    ///   [`IdleHandle::touch`], and the drop of the last [`Busy`] guard (the countdown restarts
+    ///   then). While a guard from [`IdleHandle::busy`] lives, the connection is never closed
+    ///   for idleness: hold one in a handler that takes longer than the timeout.
+    /// - **Never early:** the connection is closed only after `timeout` of silence with no
+    ///   guard alive. It is closed within `timeout` plus one wheel tick plus scheduling latency
+    ///   — provided the connection's task polls the IO, as hyper does while it waits for a
+    ///   request (HTTP/1) or always (HTTP/2).
+    /// - **How it ends:** the pending read answers an [`io::Error`] of kind
+    ///   [`TimedOut`](io::ErrorKind::TimedOut); so does a pending write or flush (a peer that
+    ///   stopped reading is idle too). From then on every read and write answers `TimedOut`
+    ///   without touching the inner IO; `poll_shutdown` (and `poll_flush`) still reach it, so
+    ///   it can be shut down cleanly. hyper then drops the connection.
+    /// - **Errors of the inner IO** pass through unchanged (and are not traffic).
+    /// - **Shutdown:** after [`Wheel::shutdown`] idle connections close at once (their reads
+    ///   answer `TimedOut`, "timer wheel shut down"); a busy one closes as soon as its last
+    ///   guard drops and it would wait. An `IdleIo` made on a wheel that is already shut down
+    ///   is closed from the start: its first read or write answers `TimedOut` at once.
+    /// - **With hyper's header-read timeout:** hyper also runs `header_read_timeout` (30 s by
+    ///   default once a timer is set) while an HTTP/1 keep-alive connection waits for its next
+    ///   request; keep it longer than the idle timeout, or it closes idle connections first.
+    /// - **Edge timeouts:** `Duration::ZERO` closes the connection the first time it would
+    ///   wait with no request in progress (a read that finds no bytes ready) — like nginx's
+    ///   `keepalive_timeout 0`, it ends keep-alive. `Duration::MAX` (or any timeout past the
+    ///   clock's range) never closes it for idleness: no overflow, no panic; only a wheel
+    ///   shutdown closes it.
+    ///
+    /// ```
+    /// use std::io::ErrorKind;
+    /// use std::time::Duration;
+    ///
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// use tokio::time::Instant;
+    /// use tokio_wheel::Wheel;
+    /// use tokio_wheel::hyper::IdleIo;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let wheel = Wheel::new();
+    /// let (server_side, mut client) = tokio::io::duplex(64);
+    /// let mut io = IdleIo::new(server_side, &wheel, Duration::from_secs(5));
+    ///
+    /// let start = Instant::now();
+    /// client.write_all(b"ping").await.unwrap();
+    /// let mut buf = [0; 4];
+    /// io.read_exact(&mut buf).await.unwrap(); // traffic: the countdown starts again
+    ///
+    /// let err = io.read(&mut buf).await.unwrap_err(); // nothing more comes
+    /// assert_eq!(err.kind(), ErrorKind::TimedOut);
+    /// assert!(start.elapsed() >= Duration::from_secs(5));
+    /// # }
+    /// ```
+    ///
+    /// # Cost
+    ///
+    /// Each read or write that moves bytes reads the clock and does one atomic `fetch_max`;
+    /// nothing else. The wheel timer is armed when the IO first waits and moved lazily: when it
+    /// fires and finds traffic since, it is re-armed for the last traffic plus the timeout (a
+    /// busy connection pays one timer firing per timeout period, never one per request). A
+    /// connection holds one shared block of about 150 bytes plus one wheel timer.
+    pub struct IdleIo<T> {
+        #[pin]
+        io: T,
+        watch: Watch,
+    }
+}
+
+/// A handle to an [`IdleIo`]'s idle countdown, for the services serving that connection:
+/// mark a request in progress ([`busy`](IdleHandle::busy)) or count something as traffic
+/// ([`touch`](IdleHandle::touch)).
+///
+/// `Clone + Send + Sync`; cloning is an `Arc` clone.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use tokio_wheel::Wheel;
+/// use tokio_wheel::hyper::IdleIo;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let wheel = Wheel::new();
+/// let (stream, _peer) = tokio::io::duplex(64);
+/// let io = IdleIo::new(stream, &wheel, Duration::from_secs(60));
+/// let idle = io.handle();
+///
+/// // In a handler: the connection stays open however long this takes.
+/// let busy = idle.busy();
+/// wheel.sleep(Duration::from_secs(120)).await;
+/// drop(busy); // the 60 s countdown starts now
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct IdleHandle {
+    idle: Arc<Idle>,
+}
+
+/// A request in progress on an [`IdleIo`]'s connection: while any `Busy` lives, the
+/// connection is not closed for idleness. Made by [`IdleHandle::busy`]; the countdown
+/// restarts when the last one drops.
+///
+/// ```
+/// use std::io::ErrorKind;
+/// use std::time::Duration;
+///
+/// use tokio::io::AsyncReadExt;
+/// use tokio::time::Instant;
+/// use tokio_wheel::Wheel;
+/// use tokio_wheel::hyper::IdleIo;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let wheel = Wheel::new();
+/// let (stream, _peer) = tokio::io::duplex(64);
+/// let mut io = IdleIo::new(stream, &wheel, Duration::from_secs(1));
+/// let busy = io.handle().busy();
+/// let released = Instant::now() + Duration::from_secs(10);
+/// tokio::spawn(async move {
+///     tokio::time::sleep_until(released).await;
+///     drop(busy);
+/// });
+/// let error = io.read(&mut [0; 8]).await.unwrap_err();
+/// assert_eq!(error.kind(), ErrorKind::TimedOut);
+/// assert!(Instant::now() >= released + Duration::from_secs(1));
+/// # }
+/// ```
+#[must_use = "the connection counts as busy only while the guard lives"]
+pub struct Busy {
+    idle: Arc<Idle>,
+}
+
+/// What an `IdleIo` and its handles share.
+struct Idle {
+    wheel: Wheel,
+    timeout: Duration,
+    /// Activity is stored as nanoseconds since this instant.
+    origin: Instant,
+    /// The last traffic, in nanoseconds since `origin`: only ever moves forward.
+    last_activity: AtomicU64,
+    /// Live [`Busy`] guards.
+    busy: AtomicUsize,
+    /// Set by an IO that found the connection busy with its timer spent (or unusable: a zero
+    /// timeout, a stopped wheel): the last guard to drop must wake it.
+    parked: AtomicBool,
+    /// Set once the IO closed the connection.
+    closed: AtomicBool,
+    /// The tasks waiting on a read and on a write (or flush); the wheel timer wakes both.
+    read: AtomicWaker,
+    write: AtomicWaker,
+}
+
+/// Why an `IdleIo` closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    Idle,
+    Shutdown,
+}
+
+impl Closed {
+    fn error(self) -> io::Error {
+        let message = match self {
+            Closed::Idle => "connection closed: idle for longer than its idle timeout",
+            Closed::Shutdown => "connection closed: the timer wheel shut down",
+        };
+        io::Error::new(io::ErrorKind::TimedOut, message)
+    }
+}
+
+/// The non-IO half of an `IdleIo`: the wheel timer and the decision to close.
+struct Watch {
+    idle: Arc<Idle>,
+    /// Wakes whoever waits on a read or a write: what the wheel timer is polled with.
+    waker: Waker,
+    /// Armed the first time the IO waits.
+    sleep: Option<Sleep>,
+    closed: Option<Closed>,
+}
+
+impl Idle {
+    fn now_nanos(&self) -> u64 {
+        let since = Instant::now().saturating_duration_since(self.origin);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        // `fetch_max`, not `store`: a touch racing a read must not move the mark back.
+        self.last_activity
+            .fetch_max(self.now_nanos(), Ordering::Relaxed);
+    }
+
+    /// When the connection may close if nothing moves after the traffic at `last`.
+    fn deadline_after(&self, last: u64) -> Instant {
+        self.origin
+            .checked_add(Duration::from_nanos(last))
+            .and_then(|at| at.checked_add(self.timeout))
+            // Past the clock's range: the wheel's saturated far future, which never comes.
+            .unwrap_or_else(|| self.wheel.sleep(Duration::MAX).deadline())
+    }
+}
+
+impl Wake for Idle {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.read.wake();
+        self.write.wake();
+    }
+}
+
+impl Watch {
+    /// The error every read and write answers once closed.
+    fn closed_error(&self) -> Option<io::Error> {
+        self.closed.map(Closed::error)
+    }
+
+    /// Called when the inner IO would wait (its waker is registered): ready with the error to
+    /// answer if the connection is to close now, else pending with the wheel timer armed (or,
+    /// while busy, with the last guard's drop set to wake it).
+    fn poll_idle(&mut self) -> Poll<io::Error> {
+        let idle = &*self.idle;
+        let mut cx = Context::from_waker(&self.waker);
+        let why = loop {
+            let sleep = match &mut self.sleep {
+                Some(sleep) => sleep,
+                None => {
+                    let last = idle.last_activity.load(Ordering::Relaxed);
+                    self.sleep
+                        .insert(idle.wheel.sleep_until(idle.deadline_after(last)))
+                }
+            };
+            if Pin::new(&mut *sleep).poll(&mut cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The timer is spent: its deadline passed, or the wheel stopped. Park before
+            // looking at `busy`, so a guard dropping meanwhile sees the flag and wakes us.
+            idle.parked.store(true, Ordering::SeqCst);
+            if idle.busy.load(Ordering::SeqCst) > 0 {
+                return Poll::Pending;
+            }
+            idle.parked.store(false, Ordering::Relaxed);
+            if idle.wheel.is_shutdown() {
+                break Closed::Shutdown;
+            }
+            let now = Instant::now();
+            // Read after `busy` (SeqCst): a guard's last touch is visible.
+            let deadline = idle.deadline_after(idle.last_activity.load(Ordering::Relaxed));
+            if deadline <= now {
+                break Closed::Idle;
+            }
+            // Traffic since the timer was armed: move it to the real deadline.
+            Pin::new(sleep).reset(deadline);
+        };
+        Poll::Ready(self.close(why))
+    }
+
+    fn close(&mut self, why: Closed) -> io::Error {
+        self.closed = Some(why);
+        self.idle.closed.store(true, Ordering::Relaxed);
+        self.sleep = None;
+        // A read or write waiting in another task (a split IO) learns at once.
+        self.idle.read.wake();
+        self.idle.write.wake();
+        why.error()
+    }
+}
+
+impl<T> IdleIo<T> {
+    /// Wraps `io`, closing it after `timeout` without traffic and with no request in
+    /// progress (see [`IdleIo`] for the rules, including a zero or `Duration::MAX` timeout
+    /// and a wheel already shut down).
+    ///
+    /// The countdown starts now: a connection that never sends a byte is closed `timeout`
+    /// after this call (once it is read from).
+    pub fn new(io: T, wheel: &Wheel, timeout: Duration) -> IdleIo<T> {
+        let idle = Arc::new(Idle {
+            wheel: wheel.clone(),
+            timeout,
+            origin: Instant::now(),
+            last_activity: AtomicU64::new(0),
+            busy: AtomicUsize::new(0),
+            parked: AtomicBool::new(false),
+            closed: AtomicBool::new(wheel.is_shutdown()),
+            read: AtomicWaker::new(),
+            write: AtomicWaker::new(),
+        });
+        let closed = idle
+            .closed
+            .load(Ordering::Relaxed)
+            .then_some(Closed::Shutdown);
+        IdleIo {
+            io,
+            watch: Watch {
+                waker: Waker::from(idle.clone()),
+                idle,
+                sleep: None,
+                closed,
+            },
+        }
+    }
+
+    /// A handle for the services on this connection: [`IdleHandle::busy`],
+    /// [`IdleHandle::touch`].
+    pub fn handle(&self) -> IdleHandle {
+        IdleHandle {
+            idle: self.watch.idle.clone(),
+        }
+    }
+
+    /// The idle timeout.
+    pub fn timeout(&self) -> Duration {
+        self.watch.idle.timeout
+    }
+
+    /// Whether the connection was closed (idle, or the wheel shut down): every read and write
+    /// now answers `TimedOut`.
+    pub fn is_closed(&self) -> bool {
+        self.watch.closed.is_some()
+    }
+
+    /// The inner IO.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    /// The inner IO, mutably. Bytes moved through it directly are not traffic.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.io
+    }
+
+    /// The inner IO, pinned.
+    pub fn get_pin_mut(self: Pin<&mut Self>) -> Pin<&mut T> {
+        self.project().io
+    }
+
+    /// The inner IO, dropping the timer.
+    pub fn into_inner(self) -> T {
+        self.io
+    }
+}
+
+impl<T: AsyncRead> AsyncRead for IdleIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.project();
+        if let Some(error) = this.watch.closed_error() {
+            return Poll::Ready(Err(error));
+        }
+        let before = buf.filled().len();
+        match this.io.poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.watch.idle.touch();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => {
+                this.watch.idle.read.register(cx.waker());
+                this.watch.poll_idle().map(Err)
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite> IdleIo<T> {
+    /// The write side's common path: `write` is the inner call.
+    fn poll_write_with(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        write: impl FnOnce(Pin<&mut T>, &mut Context<'_>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        if let Some(error) = this.watch.closed_error() {
+            return Poll::Ready(Err(error));
+        }
+        match write(this.io, cx) {
+            Poll::Ready(Ok(written)) => {
+                if written > 0 {
+                    this.watch.idle.touch();
+                }
+                Poll::Ready(Ok(written))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => {
+                this.watch.idle.write.register(cx.waker());
+                this.watch.poll_idle().map(Err)
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_with(cx, |io, cx| io.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_with(cx, |io, cx| io.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.project();
+        match this.io.poll_flush(cx) {
+            Poll::Pending if this.watch.closed.is_none() => {
+                this.watch.idle.write.register(cx.waker());
+                this.watch.poll_idle().map(Err)
+            }
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().io.poll_shutdown(cx)
+    }
+}
+
+impl IdleHandle {
+    /// Marks a request in progress: until the returned guard (and every other) drops, the
+    /// connection is not closed for idleness. The countdown restarts when the last guard
+    /// drops. Costs one atomic increment (and, at drop, a clock read and two atomics).
+    pub fn busy(&self) -> Busy {
+        self.idle.busy.fetch_add(1, Ordering::SeqCst);
+        Busy {
+            idle: self.idle.clone(),
+        }
+    }
+
+    /// Counts as traffic now: the countdown restarts (a clock read and one atomic).
+    pub fn touch(&self) {
+        self.idle.touch();
+    }
+
+    /// The idle timeout.
+    pub fn timeout(&self) -> Duration {
+        self.idle.timeout
+    }
+
+    /// Whether the [`IdleIo`] closed its connection (idle, or the wheel shut down) — as
+    /// opposed to the connection ending any other way. hyper reports a keep-alive connection
+    /// that ends between requests as a clean end (`Ok`), whatever the IO said; this tells.
+    pub fn is_closed(&self) -> bool {
+        self.idle.closed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let idle = &*self.idle;
+        idle.touch();
+        if idle.busy.fetch_sub(1, Ordering::SeqCst) == 1
+            && idle.parked.swap(false, Ordering::SeqCst)
+        {
+            self.idle.wake_by_ref();
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for IdleIo<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdleIo")
+            .field("io", &self.io)
+            .field("timeout", &self.watch.idle.timeout)
+            .field("busy", &self.watch.idle.busy.load(Ordering::Relaxed))
+            .field("closed", &self.watch.closed)
+            .finish()
+    }
+}
+
+impl fmt::Debug for IdleHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdleHandle")
+            .field("timeout", &self.idle.timeout)
+            .field("busy", &self.idle.busy.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl fmt::Debug for Busy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Busy").finish_non_exhaustive()
+    }
+}
