@@ -5,43 +5,45 @@
 //! connection builders and hyper-util's (`server::conn::auto::Builder`, the legacy client's
 //! `pool_timer`).
 //!
-//! ```no_run
-//! use std::convert::Infallible;
+//! A whole server with both (and the tower layer) is README's "In a hyper or axum server" and
+//! `servers/examples/hyper_server.rs`; in short:
+//!
+//! ```text
+//! let timer = HyperTimer::new(&wheel);
+//! let io = IdleIo::new(stream, &wheel, Duration::from_secs(60));   // any AsyncRead + AsyncWrite
+//! let idle = io.handle();                                          // a handler holds idle.busy()
+//! http1::Builder::new()
+//!     .timer(timer.clone())
+//!     .header_read_timeout(Duration::from_secs(90))                // slowloris: on the wheel
+//!     .serve_connection(TokioIo::new(io), service);
+//! ```
+//!
+//! Here both on their own, without an HTTP stack: an idle stream is closed after `d` of
+//! silence, and hyper's timer calls land on the wheel.
+//!
+//! ```
 //! use std::time::Duration;
 //!
-//! use http_body_util::Full;
-//! use hyper::body::{Bytes, Incoming};
-//! use hyper::server::conn::http1;
-//! use hyper::service::service_fn;
-//! use hyper::{Request, Response};
-//! use hyper_util::rt::TokioIo;
-//! use tokio::net::TcpListener;
+//! use hyper::rt::Timer;
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //! use tokio_wheel::Wheel;
 //! use tokio_wheel::hyper::{HyperTimer, IdleIo};
 //!
-//! # #[tokio::main]
-//! # async fn main() -> std::io::Result<()> {
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
 //! let wheel = Wheel::new();
+//! let (stream, mut peer) = tokio::io::duplex(64);
+//! let mut io = IdleIo::new(stream, &wheel, Duration::from_secs(60));
+//! peer.write_all(b"ping").await.unwrap();
+//! let mut buf = [0; 4];
+//! io.read_exact(&mut buf).await.unwrap(); // traffic: the countdown restarts
+//! let error = io.read(&mut buf).await.unwrap_err(); // then 60 s of silence
+//! assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+//!
 //! let timer = HyperTimer::new(&wheel);
-//! let listener = TcpListener::bind("127.0.0.1:0").await?;
-//! loop {
-//!     let (stream, _) = listener.accept().await?;
-//!     // Closed after 60 s without a byte either way and no request in progress.
-//!     let io = IdleIo::new(stream, &wheel, Duration::from_secs(60));
-//!     let idle = io.handle();
-//!     let service = service_fn(move |_req: Request<Incoming>| {
-//!         let idle = idle.clone();
-//!         async move {
-//!             let _busy = idle.busy(); // a slow handler keeps its connection open
-//!             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("hello"))))
-//!         }
-//!     });
-//!     let connection = http1::Builder::new()
-//!         .timer(timer.clone())
-//!         .header_read_timeout(Duration::from_secs(10)) // slowloris: fires on the wheel
-//!         .serve_connection(TokioIo::new(io), service);
-//!     tokio::spawn(connection);
-//! }
+//! let start = timer.now();
+//! timer.sleep(Duration::from_secs(10)).await;
+//! assert!(timer.now() >= start + Duration::from_secs(10));
 //! # }
 //! ```
 

@@ -25,32 +25,30 @@ use crate::{Sleep, Wheel};
 /// - After [`Wheel::shutdown`] its sleeps complete at once, as every sleep of the wheel does:
 ///   hyper then sees its timeouts fire.
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
 ///
-/// use hyper::server::conn::http1;
-/// use hyper_util::client::legacy::Client;
-/// use hyper_util::rt::TokioExecutor;
+/// use hyper::rt::Timer;
 /// use tokio_wheel::Wheel;
 /// use tokio_wheel::hyper::HyperTimer;
 ///
-/// # #[tokio::main]
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// let wheel = Wheel::new();
 /// let timer = HyperTimer::new(&wheel);
-///
-/// // A server connection whose header-read timeout fires on the wheel.
-/// let mut server = http1::Builder::new();
-/// server.timer(timer.clone()).header_read_timeout(Duration::from_secs(10));
-///
-/// // A client whose pool expires idle connections on the wheel.
-/// let client = Client::builder(TokioExecutor::new())
-///     .pool_timer(timer.clone())
-///     .pool_idle_timeout(Duration::from_secs(30))
-///     .build_http::<http_body_util::Empty<hyper::body::Bytes>>();
-/// # drop(client);
+/// // What hyper does with a header-read timeout: a sleep, moved when the deadline changes.
+/// let start = timer.now();
+/// let mut sleep = timer.sleep(Duration::from_secs(10));
+/// timer.reset(&mut sleep, start + Duration::from_secs(30)); // later: moved in place
+/// sleep.await;
+/// assert!(timer.now() >= start + Duration::from_secs(30));
 /// # }
 /// ```
+///
+/// With hyper's builders (compiled in `servers/`): `http1::Builder::new().timer(timer.clone())
+/// .header_read_timeout(d)`, `http2::Builder::new(executor).timer(timer.clone())`, hyper-util's
+/// `server::conn::auto::Builder` (`.http1().timer(..)`, `.http2().timer(..)`) and its client's
+/// `Client::builder(executor).pool_timer(timer.clone())`.
 #[derive(Debug, Clone)]
 pub struct HyperTimer {
     wheel: Wheel,

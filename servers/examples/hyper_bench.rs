@@ -23,7 +23,7 @@
 //! timeout) — which cannot be blamed on transit time.
 //!
 //! ```text
-//! cargo run --release --features hyper --example hyper_bench -- [--runs 5] [--idle 10000]
+//! cargo run --release -p tokio-wheel-servers --example hyper_bench -- [--runs 5] [--idle 10000]
 //!     [--secs 10] [--timeout-ms 5000] [--threads 2] [--no-header-timeout] [--quick]
 //! ```
 //!

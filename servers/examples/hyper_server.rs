@@ -5,7 +5,7 @@
 //! - `IdleIo`: keep-alive connections with no traffic (and no request in progress) close;
 //! - `tower::TimeoutLayer`: a slow handler is answered 504 when the request deadline passes.
 //!
-//! Run: `cargo run --example hyper_server --features hyper,tower [-- --quick]`.
+//! Run: `cargo run --release -p tokio-wheel-servers --example hyper_server [-- --quick]`.
 //! The server listens on an ephemeral port of 127.0.0.1; the program exits once its client
 //! has checked every outcome (non-zero if one is wrong).
 
