@@ -11,18 +11,27 @@
 //!
 //! Postponing is lazy: moving a key's deadline later only rewrites the entry's deadline; when
 //! the old tick comes, the actor files the entry again for the new one.
+//!
+//! An entry made with a handle (`Timers::insert`) keeps its deadline in an [`EntryCell`]'s
+//! word shared with the handle, which moves it later with no command at all (see
+//! `timer::keyed`). Such entries are marked [`Due::SHARED`] in the table and their cells kept
+//! in a side table by id, so entries without a handle pay nothing for the feature. The actor
+//! counts every command it applies in the set's [`Ledger`], which is how a handle knows it may
+//! write its word without overtaking a command made before.
 
 use std::hash::{BuildHasher, Hash};
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hashbrown::HashTable;
+use hashbrown::{HashMap, HashTable};
 use tokio::sync::{mpsc, oneshot};
 
 use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
 use super::{Ctx, Machine};
 use crate::timer::clock::Clock;
+use crate::timer::keyed::{self as word, EntryCell, Ledger, Moved};
 use crate::timer::shared::Shared;
 
 /// Entries per chunk of the entry table.
@@ -32,13 +41,66 @@ const INDEX_SHARDS: usize = 64;
 
 /// What a keyed set's handles ask of its actor. Deadlines are signed offsets from the wheel's
 /// origin (negative before it), so an expiration reports the deadline exactly as it was set.
+/// By-key commands carry their key's hash (the sender needs it for the [`Ledger`]; the actor
+/// then does not hash again).
 pub(crate) enum KeyedCommand<K, V> {
-    Set { key: K, value: V, deadline: i64 },
-    Reset { key: K, deadline: i64 },
-    Remove(K),
-    Take(K, oneshot::Sender<Option<V>>),
+    Set {
+        key: K,
+        value: V,
+        deadline: i64,
+        hash: u64,
+    },
+    /// `set` that also made a handle: the deadline is in the cell's word.
+    Insert {
+        key: K,
+        value: V,
+        cell: Arc<EntryCell>,
+    },
+    Reset {
+        key: K,
+        deadline: i64,
+        hash: u64,
+    },
+    Remove(K, u64),
+    Take(K, u64, oneshot::Sender<Option<V>>),
     Drain(oneshot::Sender<Drained<K, V>>),
     Len(oneshot::Sender<usize>),
+    /// A handle moved its word earlier itself: file the entry for it.
+    Advance(Arc<EntryCell>),
+    /// A handle's move that had to queue behind commands in flight.
+    Move(Arc<EntryCell>, i64),
+    /// A handle's `remove`.
+    Forget(Arc<EntryCell>),
+    /// A handle's `take`.
+    TakeEntry(Arc<EntryCell>, oneshot::Sender<Option<V>>),
+}
+
+impl<K, V> KeyedCommand<K, V> {
+    /// The ledger stripe the command counts in; `None` for every stripe (a drain), or none
+    /// (a `len`, which changes nothing).
+    pub(crate) fn stripe(&self) -> Stripe {
+        match self {
+            KeyedCommand::Set { hash, .. }
+            | KeyedCommand::Reset { hash, .. }
+            | KeyedCommand::Remove(_, hash)
+            | KeyedCommand::Take(_, hash, _) => Stripe::One(Ledger::stripe(*hash)),
+            KeyedCommand::Insert { cell, .. }
+            | KeyedCommand::Advance(cell)
+            | KeyedCommand::Move(cell, _)
+            | KeyedCommand::Forget(cell)
+            | KeyedCommand::TakeEntry(cell, _) => Stripe::One(Ledger::stripe(cell.hash)),
+            KeyedCommand::Drain(_) => Stripe::Every,
+            KeyedCommand::Len(_) => Stripe::Uncounted,
+        }
+    }
+}
+
+/// Where a command counts in the [`Ledger`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stripe {
+    One(usize),
+    Every,
+    Uncounted,
 }
 
 /// What a set's actor sends its `Expirations` stream.
@@ -62,8 +124,31 @@ pub(crate) struct Expiry<K, V> {
 struct Entry<K, V> {
     key: K,
     value: V,
-    /// Signed offset from the wheel's origin.
-    deadline: i64,
+    due: Due,
+}
+
+/// An entry's deadline as the table keeps it: its own signed offset from the wheel's origin,
+/// or [`SHARED`](Due::SHARED) — its cell's word holds it. Never zero, so an `Option<Entry>`
+/// slot needs no tag: for `u64` keys and values a slot is 24 bytes, not 32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Due(NonZeroU64);
+
+impl Due {
+    /// The deadline is in the entry's cell.
+    const SHARED: Due = Due(NonZeroU64::MIN);
+
+    /// An entry's own deadline. Offsets flip their sign bit, so `i64::MIN` would be zero and
+    /// `i64::MIN + 1` is [`SHARED`](Due::SHARED): deadlines that far (292 years) before the
+    /// origin are due at once anyway, and saturate.
+    fn own(deadline: i64) -> Due {
+        let flipped = (deadline.max(i64::MIN + 2) as u64) ^ (1 << 63);
+        Due(NonZeroU64::new(flipped).expect("never zero"))
+    }
+
+    /// The entry's own deadline, unless its cell holds it.
+    fn deadline(self) -> Option<i64> {
+        (self != Due::SHARED).then(|| (self.0.get() ^ (1 << 63)) as i64)
+    }
 }
 
 /// Every entry of a set, taken out at once (a drain, or the shutdown flush). The actor hands
@@ -102,7 +187,9 @@ impl<K, V> Iterator for Drained<K, V> {
             if let Some(slot) = self.current.next() {
                 if let Some(entry) = slot {
                     self.left -= 1;
-                    return Some((entry.key, entry.value, entry.deadline));
+                    // Every shared deadline was written back before the table was handed over.
+                    let deadline = entry.due.deadline().expect("an own deadline");
+                    return Some((entry.key, entry.value, deadline));
                 }
                 continue;
             }
@@ -236,7 +323,16 @@ pub(crate) struct KeyedMachine<K, V> {
     entries: Entries<K, V>,
     /// Ids by key. Only the live entry of a key is indexed.
     index: Index,
+    /// The cells of entries made with a handle, by id: exactly the entries marked
+    /// [`Due::SHARED`].
+    cells: HashMap<u32, Arc<EntryCell>, foldhash::fast::FixedState>,
+    /// Ids the timeline has room for: it grows with the table, by at most an eighth at a time
+    /// (not by doubling), so its 20 bytes per entry stay close to 20.
+    reserved: usize,
+    /// The set's hasher, shared with its senders (who hash each key once, for the ledger and
+    /// for this table).
     hasher: foldhash::fast::RandomState,
+    ledger: Arc<Ledger>,
     expirations: mpsc::UnboundedSender<Delivery<K, V>>,
 }
 
@@ -245,24 +341,29 @@ where
     K: Eq + Hash + Send + 'static,
     V: Send + 'static,
 {
+    /// `hasher` and `ledger` are shared with the set's handles, which hash each key they send.
     pub(crate) fn new(
         levels: &[u32],
         clock: Clock,
         expirations: mpsc::UnboundedSender<Delivery<K, V>>,
+        hasher: foldhash::fast::RandomState,
+        ledger: Arc<Ledger>,
     ) -> Self {
         KeyedMachine {
             timeline: Timeline::new(levels, clock),
             entries: Entries::new(),
             index: Index::new(),
-            // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
-            hasher: foldhash::fast::RandomState::default(),
+            cells: HashMap::default(),
+            reserved: 0,
+            hasher,
+            ledger,
             expirations,
         }
     }
 
-    fn find(&self, key: &K) -> Option<u32> {
+    fn find(&self, key: &K, hash: u64) -> Option<u32> {
         let entries = &self.entries;
-        self.index.find(self.hasher.hash_one(key), |&id| {
+        self.index.find(hash, |&id| {
             entries
                 .slot(id)
                 .as_ref()
@@ -270,39 +371,73 @@ where
         })
     }
 
-    fn insert(&mut self, key: K, value: V, deadline: i64) {
-        let hash = self.hasher.hash_one(&key);
-        let id = self.entries.insert(Entry {
-            key,
-            value,
-            deadline,
-        });
+    /// Files a new entry for `key` (not indexed yet) with `hash` = its hash.
+    fn insert(&mut self, key: K, value: V, due: Due, hash: u64, deadline: i64) -> u32 {
+        let id = self.entries.insert(Entry { key, value, due });
+        // Rehashing on growth needs every key's hash: the index keeps only ids.
         let (entries, hasher) = (&self.entries, &self.hasher);
         self.index
             .insert(hash, id, |&id| hasher.hash_one(&entries.get(id).key));
+        if id as usize >= self.reserved {
+            self.reserved = (self.reserved + self.reserved / 8)
+                .max(id as usize + 1)
+                .next_multiple_of(CHUNK);
+            self.timeline.reserve_ids(self.reserved);
+        }
         self.timeline.file(id, due_at(deadline));
+        id
     }
 
-    /// Takes entry `id` out of the index and the table (not the timeline).
-    fn forget(&mut self, id: u32) -> Entry<K, V> {
+    /// Entry `id` is gone: its cell (if any) is retired. Returns the deadline it had.
+    fn retire(&mut self, id: u32) -> Option<i64> {
+        let entry = self.entries.get(id);
+        if entry.due == Due::SHARED {
+            let cell = self.cells.remove(&id).expect("a shared entry has a cell");
+            Some(cell.word.retire())
+        } else {
+            entry.due.deadline()
+        }
+    }
+
+    /// Takes entry `id` out of the index and the table (not the timeline), retiring its cell.
+    /// Returns it with its deadline.
+    fn forget(&mut self, id: u32, hash: u64) -> (Entry<K, V>, i64) {
+        let deadline = self.retire(id).expect("a deadline");
         let entry = self.entries.remove(id);
-        self.index.remove(self.hasher.hash_one(&entry.key), id);
-        entry
+        self.index.remove(hash, id);
+        (entry, deadline)
     }
 
-    fn remove(&mut self, key: &K, ctx: &mut Ctx<'_>) -> Option<V> {
-        let id = self.find(key)?;
+    fn remove(&mut self, id: u32, hash: u64, ctx: &mut Ctx<'_>) -> V {
         self.timeline.unfile(id);
         ctx.delta.cancelled += 1;
-        Some(self.forget(id).value)
+        self.forget(id, hash).0.value
     }
 
-    fn deliver(&self, entry: Entry<K, V>, shared: &Shared) {
-        let Entry {
-            key,
-            value,
-            deadline,
-        } = entry;
+    /// The id of `cell`'s entry, if it is still that entry (not fired, removed, taken,
+    /// replaced or drained since).
+    fn live(&self, cell: &Arc<EntryCell>) -> Option<u32> {
+        let id = cell.id();
+        self.cells
+            .get(&id)
+            .is_some_and(|current| Arc::ptr_eq(current, cell))
+            .then_some(id)
+    }
+
+    /// Sets entry `id`'s deadline (wherever it lives) and files it earlier if need be.
+    fn move_entry(&mut self, id: u32, deadline: i64) {
+        let entry = self.entries.get_mut(id);
+        if entry.due == Due::SHARED {
+            let moved = self.cells[&id].word.move_to(deadline);
+            debug_assert_ne!(moved, Moved::Gone, "only the actor retires a word");
+        } else {
+            entry.due = Due::own(deadline);
+        }
+        self.timeline.advance_to(id, due_at(deadline));
+    }
+
+    fn deliver(&self, entry: Entry<K, V>, deadline: i64, shared: &Shared) {
+        let Entry { key, value, .. } = entry;
         let expiry = Expiry {
             key,
             value,
@@ -317,11 +452,116 @@ where
         }
     }
 
-    /// Takes every entry out at once: the index and the wheel start afresh.
+    /// Takes every entry out at once: the index and the wheel start afresh. Each handle's
+    /// word is retired and its deadline written back into the table, so the receiver needs
+    /// no cell (this is the one step that costs time per handle, not per entry).
     fn take_everything(&mut self) -> Drained<K, V> {
+        for (id, cell) in self.cells.drain() {
+            let deadline = cell.word.retire();
+            let slot = &mut self.entries.chunks[id as usize / CHUNK][id as usize % CHUNK];
+            slot.as_mut().expect("a live entry").due = Due::own(deadline);
+        }
         self.index = Index::new();
         self.timeline.forget_all();
+        self.reserved = 0;
         Drained::new(std::mem::replace(&mut self.entries, Entries::new()))
+    }
+
+    /// Applies `command`; returns nothing, but counts it in the ledger afterwards.
+    fn apply_one(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
+        match command {
+            KeyedCommand::Set {
+                key,
+                value,
+                deadline,
+                hash,
+            } => {
+                self.set(key, value, Due::own(deadline), deadline, hash, ctx);
+            }
+            KeyedCommand::Insert { key, value, cell } => {
+                let deadline = cell.word.load().1;
+                let hash = cell.hash;
+                let id = self.set(key, value, Due::SHARED, deadline, hash, ctx);
+                cell.set_id(id);
+                self.cells.insert(id, cell);
+            }
+            KeyedCommand::Reset {
+                key,
+                deadline,
+                hash,
+            } => {
+                if let Some(id) = self.find(&key, hash) {
+                    self.move_entry(id, deadline);
+                    ctx.delta.rescheduled += 1;
+                }
+            }
+            KeyedCommand::Remove(key, hash) => {
+                if let Some(id) = self.find(&key, hash) {
+                    self.remove(id, hash, ctx);
+                }
+            }
+            KeyedCommand::Take(key, hash, reply) => {
+                let value = self.find(&key, hash).map(|id| self.remove(id, hash, ctx));
+                let _ = reply.send(value);
+            }
+            KeyedCommand::Drain(reply) => {
+                let drained = self.take_everything();
+                ctx.delta.cancelled += drained.len() as u64;
+                let _ = reply.send(drained);
+            }
+            KeyedCommand::Len(reply) => {
+                let _ = reply.send(self.index.len);
+            }
+            KeyedCommand::Advance(cell) => {
+                if let Some(id) = self.live(&cell) {
+                    let deadline = cell.word.load().1;
+                    self.timeline.advance_to(id, due_at(deadline));
+                    ctx.delta.rescheduled += 1;
+                }
+            }
+            KeyedCommand::Move(cell, deadline) => {
+                if let Some(id) = self.live(&cell) {
+                    self.move_entry(id, deadline);
+                    ctx.delta.rescheduled += 1;
+                }
+            }
+            KeyedCommand::Forget(cell) => {
+                if let Some(id) = self.live(&cell) {
+                    self.remove(id, cell.hash, ctx);
+                }
+            }
+            KeyedCommand::TakeEntry(cell, reply) => {
+                let value = self.live(&cell).map(|id| self.remove(id, cell.hash, ctx));
+                let _ = reply.send(value);
+            }
+        }
+    }
+
+    /// Sets `key` to `value`, due as `due` says (at `deadline`): replaces the entry if the key
+    /// is set (retiring its cell, if it had one), else files a new one. Returns its id.
+    fn set(
+        &mut self,
+        key: K,
+        value: V,
+        due: Due,
+        deadline: i64,
+        hash: u64,
+        ctx: &mut Ctx<'_>,
+    ) -> u32 {
+        ctx.delta.inserted += 1;
+        match self.find(&key, hash) {
+            Some(id) => {
+                // Replaced: the old entry counts as cancelled, the new as inserted.
+                ctx.delta.cancelled += 1;
+                self.retire(id);
+                let entry = self.entries.get_mut(id);
+                entry.value = value;
+                entry.due = due;
+                self.timeline.file(id, due_at(deadline));
+                id
+            }
+            None => self.insert(key, value, due, hash, deadline),
+        }
     }
 }
 
@@ -333,65 +573,41 @@ where
     type Command = KeyedCommand<K, V>;
 
     fn apply(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
-        match command {
-            KeyedCommand::Set {
-                key,
-                value,
-                deadline,
-            } => {
-                ctx.delta.inserted += 1;
-                match self.find(&key) {
-                    Some(id) => {
-                        // Replaced: the old entry counts as cancelled, the new as inserted.
-                        ctx.delta.cancelled += 1;
-                        let entry = self.entries.get_mut(id);
-                        entry.value = value;
-                        entry.deadline = deadline;
-                        self.timeline.file(id, due_at(deadline));
-                    }
-                    None => self.insert(key, value, deadline),
-                }
-            }
-            KeyedCommand::Reset { key, deadline } => {
-                if let Some(id) = self.find(&key) {
-                    self.entries.get_mut(id).deadline = deadline;
-                    self.timeline.advance_to(id, due_at(deadline));
-                    ctx.delta.rescheduled += 1;
-                }
-            }
-            KeyedCommand::Remove(key) => {
-                self.remove(&key, ctx);
-            }
-            KeyedCommand::Take(key, reply) => {
-                let _ = reply.send(self.remove(&key, ctx));
-            }
-            KeyedCommand::Drain(reply) => {
-                let drained = self.take_everything();
-                ctx.delta.cancelled += drained.len() as u64;
-                let _ = reply.send(drained);
-            }
-            KeyedCommand::Len(reply) => {
-                let _ = reply.send(self.index.len);
-            }
+        let stripe = command.stripe();
+        self.apply_one(command, ctx);
+        match stripe {
+            Stripe::One(stripe) => self.ledger.applied(stripe),
+            Stripe::Every => self.ledger.applied_everywhere(),
+            Stripe::Uncounted => {}
         }
     }
 
     fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
         let mut due = Vec::new();
-        let entries = &self.entries;
+        let (entries, cells) = (&self.entries, &self.cells);
         let shown = self.timeline.expire(now, budget, |id, limit| {
-            let deadline = due_at(entries.get(id).deadline);
-            if deadline <= limit {
-                due.push(id);
-                Verdict::Done
-            } else {
-                Verdict::Later(deadline)
+            match entries.get(id).due.deadline() {
+                Some(deadline) if due_at(deadline) <= limit => {
+                    due.push((id, deadline));
+                    Verdict::Done
+                }
+                Some(deadline) => Verdict::Later(due_at(deadline)),
+                // The handle may be moving it right now: one compare-and-swap decides.
+                None => match cells[&id].word.on_due(limit.min(i64::MAX as u64) as i64) {
+                    word::Due::Fire(deadline) => {
+                        due.push((id, deadline));
+                        Verdict::Done
+                    }
+                    word::Due::Later(deadline) => Verdict::Later(due_at(deadline)),
+                },
             }
         });
-        for id in due {
-            let entry = self.forget(id);
-            ctx.delta.record_fire(due_at(entry.deadline), now);
-            self.deliver(entry, ctx.shared);
+        for (id, deadline) in due {
+            let hash = self.hasher.hash_one(&self.entries.get(id).key);
+            // A fired cell's word is gone already: retiring it again changes nothing.
+            let (entry, _) = self.forget(id, hash);
+            ctx.delta.record_fire(due_at(deadline), now);
+            self.deliver(entry, deadline, ctx.shared);
         }
         shown
     }
@@ -418,7 +634,7 @@ where
                 .expirations_backlog
                 .fetch_add(flushed, Ordering::Relaxed);
         }
-        // Handed over whole, in O(1): nothing is left to resolve.
+        // Handed over whole, in O(1) per entry without a handle: nothing is left to resolve.
         0
     }
 
@@ -429,13 +645,19 @@ where
     }
 
     fn holds_memory(&self, _shared: &Shared) -> bool {
-        self.entries.high > 0 || self.index.shards.iter().any(|shard| shard.capacity() > 0)
+        self.entries.high > 0
+            || self.cells.capacity() > 0
+            || self.index.shards.iter().any(|shard| shard.capacity() > 0)
     }
 
     fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) -> bool {
         self.entries.release_if_empty();
         self.index.release_if_empty();
+        if self.cells.is_empty() {
+            self.cells = HashMap::default();
+        }
         self.timeline.shrink(0, CHUNK);
+        self.reserved = self.reserved.min(CHUNK);
         true
     }
 }
