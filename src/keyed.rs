@@ -63,9 +63,9 @@ use tokio::time::Instant;
 use crate::actor::Actor;
 use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
-use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine, Stripe};
+use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine, Stripe, Target};
 use crate::timer::clock::deadline_after;
-use crate::timer::keyed::{EntryCell, Ledger, Moved};
+use crate::timer::keyed::{DeadlineWord, Ledger, Moved};
 use crate::timer::shared::Shared;
 
 pub(crate) fn new<K, V>(wheel: &Arc<WheelContext>) -> (Timers<K, V>, Expirations<K, V>)
@@ -258,19 +258,22 @@ where
     /// [`insert`](Self::insert).
     pub fn insert_at(&self, key: K, value: V, deadline: Instant) -> KeyedTimer<K, V> {
         let deadline = self.set.offset(deadline);
-        let cell = EntryCell::new(deadline, self.hash(&key));
+        let hash = self.hash(&key);
+        let word = Arc::new(DeadlineWord::new(deadline));
         let command = KeyedCommand::Insert {
             key: key.clone(),
             value,
-            cell: cell.clone(),
+            hash,
+            word: word.clone(),
         };
         if !self.set.send(command, by(deadline)) {
             // Refused: the entry never existed, and its handle is stale from the start.
-            cell.word.retire();
+            word.retire();
         }
         KeyedTimer {
             key,
-            cell,
+            hash,
+            word,
             set: self.set.clone(),
         }
     }
@@ -386,7 +389,9 @@ where
 /// the handles leaves the entry set.
 pub struct KeyedTimer<K, V> {
     key: K,
-    cell: Arc<EntryCell>,
+    /// The key's hash under the set's hasher.
+    hash: u64,
+    word: Arc<DeadlineWord>,
     set: Arc<Set<K, V>>,
 }
 
@@ -394,7 +399,8 @@ impl<K: Clone, V> Clone for KeyedTimer<K, V> {
     fn clone(&self) -> Self {
         KeyedTimer {
             key: self.key.clone(),
-            cell: self.cell.clone(),
+            hash: self.hash,
+            word: self.word.clone(),
             set: self.set.clone(),
         }
     }
@@ -402,7 +408,7 @@ impl<K: Clone, V> Clone for KeyedTimer<K, V> {
 
 impl<K: fmt::Debug, V> fmt::Debug for KeyedTimer<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (gone, deadline) = self.cell.word.load();
+        let (gone, deadline) = self.word.load();
         f.debug_struct("KeyedTimer")
             .field("key", &self.key)
             .field("deadline", &self.set.instant(deadline))
@@ -433,14 +439,13 @@ where
     /// by a command made before it.
     pub fn reset_at(&self, deadline: Instant) {
         let offset = self.set.offset(deadline);
-        let stripe = Ledger::stripe(self.cell.hash);
-        if self.set.ledger.is_quiet(stripe) {
-            if self.cell.word.move_to(offset) == Moved::Earlier {
-                self.set
-                    .send(KeyedCommand::Advance(self.cell.clone()), by(offset));
+        if self.set.ledger.is_quiet(Ledger::stripe(self.hash)) {
+            if self.word.move_to(offset) == Moved::Earlier {
+                let command = KeyedCommand::Advance(self.target(), offset);
+                self.set.send(command, by(offset));
             }
         } else if !self.is_stale() {
-            let command = KeyedCommand::Move(self.cell.clone(), offset);
+            let command = KeyedCommand::Move(self.target(), offset);
             self.set.send(command, by(offset));
         }
     }
@@ -449,7 +454,7 @@ where
     /// Fire-and-forget: use [`take`](Self::take) to know whether it was still there.
     pub fn remove(&self) {
         if !self.is_stale() {
-            let command = KeyedCommand::Forget(self.cell.clone());
+            let command = KeyedCommand::Forget(self.target());
             self.set.send(command, Urgency::Lazy);
         }
     }
@@ -462,9 +467,17 @@ where
             return None;
         }
         self.set
-            .ask(|reply| KeyedCommand::TakeEntry(self.cell.clone(), reply))
+            .ask(|reply| KeyedCommand::TakeEntry(self.target(), reply))
             .await
             .flatten()
+    }
+
+    fn target(&self) -> Target<K> {
+        Target {
+            key: self.key.clone(),
+            hash: self.hash,
+            word: Arc::as_ptr(&self.word) as usize,
+        }
     }
 }
 
@@ -473,7 +486,7 @@ impl<K, V> KeyedTimer<K, V> {
     /// actor) set. Once the handle is stale, the deadline the entry had when it went — for an
     /// entry that expired, the deadline it fired for.
     pub fn deadline(&self) -> Instant {
-        self.set.instant(self.cell.word.load().1)
+        self.set.instant(self.word.load().1)
     }
 
     /// The entry's key.
@@ -486,7 +499,7 @@ impl<K, V> KeyedTimer<K, V> {
     /// nothing. `false` does not promise that the entry is still there: it may go at any
     /// moment.
     pub fn is_stale(&self) -> bool {
-        self.cell.word.load().0
+        self.word.load().0
     }
 }
 

@@ -12,12 +12,12 @@
 //! Postponing is lazy: moving a key's deadline later only rewrites the entry's deadline; when
 //! the old tick comes, the actor files the entry again for the new one.
 //!
-//! An entry made with a handle (`Timers::insert`) keeps its deadline in an [`EntryCell`]'s
-//! word shared with the handle, which moves it later with no command at all (see
-//! `timer::keyed`). Such entries are marked [`Due::SHARED`] in the table and their cells kept
-//! in a side table by id, so entries without a handle pay nothing for the feature. The actor
-//! counts every command it applies in the set's [`Ledger`], which is how a handle knows it may
-//! write its word without overtaking a command made before.
+//! An entry made with a handle (`Timers::insert`) keeps its deadline in a [`DeadlineWord`]
+//! shared with the handle, which moves it later with no command at all (see `timer::keyed`).
+//! Such entries are marked [`Due::SHARED`] in the table and their words kept in a side table by
+//! id, so entries without a handle pay nothing for the feature. The actor counts every command
+//! it applies in the set's [`Ledger`], which is how a handle knows it may write its word
+//! without overtaking a command made before.
 
 use std::hash::{BuildHasher, Hash};
 use std::num::NonZeroU64;
@@ -31,7 +31,7 @@ use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
 use super::{Ctx, Machine};
 use crate::timer::clock::Clock;
-use crate::timer::keyed::{self as word, EntryCell, Ledger, Moved};
+use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved};
 use crate::timer::shared::Shared;
 
 /// Entries per chunk of the entry table.
@@ -50,11 +50,12 @@ pub(crate) enum KeyedCommand<K, V> {
         deadline: i64,
         hash: u64,
     },
-    /// `set` that also made a handle: the deadline is in the cell's word.
+    /// `set` that also made a handle: the deadline is in the word.
     Insert {
         key: K,
         value: V,
-        cell: Arc<EntryCell>,
+        hash: u64,
+        word: Arc<DeadlineWord>,
     },
     Reset {
         key: K,
@@ -65,14 +66,29 @@ pub(crate) enum KeyedCommand<K, V> {
     Take(K, u64, oneshot::Sender<Option<V>>),
     Drain(oneshot::Sender<Drained<K, V>>),
     Len(oneshot::Sender<usize>),
-    /// A handle moved its word earlier itself: file the entry for it.
-    Advance(Arc<EntryCell>),
+    /// A handle moved its word earlier itself, to this deadline: file the entry for it.
+    Advance(Target<K>, i64),
     /// A handle's move that had to queue behind commands in flight.
-    Move(Arc<EntryCell>, i64),
+    Move(Target<K>, i64),
     /// A handle's `remove`.
-    Forget(Arc<EntryCell>),
+    Forget(Target<K>),
     /// A handle's `take`.
-    TakeEntry(Arc<EntryCell>, oneshot::Sender<Option<V>>),
+    TakeEntry(Target<K>, oneshot::Sender<Option<V>>),
+}
+
+/// The entry a handle's command is for: the handle's key and its hash, and the address of the
+/// handle's word — compared with the word of the key's live entry, never dereferenced, so the
+/// command holds no reference to the word and the actor never touches the handle's cache line
+/// to apply it.
+///
+/// Equal addresses mean the same word: the sender holds its word alive when it sends, and the
+/// live entry's word was allocated before its `Insert` was sent — so before this command —
+/// and lives as long as the entry; two words alive at the same moment never share an address.
+pub(crate) struct Target<K> {
+    pub(crate) key: K,
+    pub(crate) hash: u64,
+    /// The word's address.
+    pub(crate) word: usize,
 }
 
 impl<K, V> KeyedCommand<K, V> {
@@ -81,14 +97,14 @@ impl<K, V> KeyedCommand<K, V> {
     pub(crate) fn stripe(&self) -> Stripe {
         match self {
             KeyedCommand::Set { hash, .. }
+            | KeyedCommand::Insert { hash, .. }
             | KeyedCommand::Reset { hash, .. }
             | KeyedCommand::Remove(_, hash)
-            | KeyedCommand::Take(_, hash, _) => Stripe::One(Ledger::stripe(*hash)),
-            KeyedCommand::Insert { cell, .. }
-            | KeyedCommand::Advance(cell)
-            | KeyedCommand::Move(cell, _)
-            | KeyedCommand::Forget(cell)
-            | KeyedCommand::TakeEntry(cell, _) => Stripe::One(Ledger::stripe(cell.hash)),
+            | KeyedCommand::Take(_, hash, _)
+            | KeyedCommand::Advance(Target { hash, .. }, _)
+            | KeyedCommand::Move(Target { hash, .. }, _)
+            | KeyedCommand::Forget(Target { hash, .. })
+            | KeyedCommand::TakeEntry(Target { hash, .. }, _) => Stripe::One(Ledger::stripe(*hash)),
             KeyedCommand::Drain(_) => Stripe::Every,
             KeyedCommand::Len(_) => Stripe::Uncounted,
         }
@@ -128,13 +144,13 @@ struct Entry<K, V> {
 }
 
 /// An entry's deadline as the table keeps it: its own signed offset from the wheel's origin,
-/// or [`SHARED`](Due::SHARED) — its cell's word holds it. Never zero, so an `Option<Entry>`
+/// or [`SHARED`](Due::SHARED) — its handle's shared word holds it. Never zero, so an `Option<Entry>`
 /// slot needs no tag: for `u64` keys and values a slot is 24 bytes, not 32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Due(NonZeroU64);
 
 impl Due {
-    /// The deadline is in the entry's cell.
+    /// The deadline is in the entry's shared word.
     const SHARED: Due = Due(NonZeroU64::MIN);
 
     /// An entry's own deadline. Offsets flip their sign bit, so `i64::MIN` would be zero and
@@ -145,7 +161,7 @@ impl Due {
         Due(NonZeroU64::new(flipped).expect("never zero"))
     }
 
-    /// The entry's own deadline, unless its cell holds it.
+    /// The entry's own deadline, unless its shared word holds it.
     fn deadline(self) -> Option<i64> {
         (self != Due::SHARED).then(|| (self.0.get() ^ (1 << 63)) as i64)
     }
@@ -323,9 +339,9 @@ pub(crate) struct KeyedMachine<K, V> {
     entries: Entries<K, V>,
     /// Ids by key. Only the live entry of a key is indexed.
     index: Index,
-    /// The cells of entries made with a handle, by id: exactly the entries marked
+    /// The words of entries made with a handle, by id: exactly the entries marked
     /// [`Due::SHARED`].
-    cells: HashMap<u32, Arc<EntryCell>, foldhash::fast::FixedState>,
+    words: HashMap<u32, Arc<DeadlineWord>, foldhash::fast::FixedState>,
     /// Ids the timeline has room for: it grows with the table, by at most an eighth at a time
     /// (not by doubling), so its 20 bytes per entry stay close to 20.
     reserved: usize,
@@ -353,7 +369,7 @@ where
             timeline: Timeline::new(levels, clock),
             entries: Entries::new(),
             index: Index::new(),
-            cells: HashMap::default(),
+            words: HashMap::default(),
             reserved: 0,
             hasher,
             ledger,
@@ -388,18 +404,18 @@ where
         id
     }
 
-    /// Entry `id` is gone: its cell (if any) is retired. Returns the deadline it had.
+    /// Entry `id` is gone: its shared word (if any) is retired. Returns the deadline it had.
     fn retire(&mut self, id: u32) -> Option<i64> {
         let entry = self.entries.get(id);
         if entry.due == Due::SHARED {
-            let cell = self.cells.remove(&id).expect("a shared entry has a cell");
-            Some(cell.word.retire())
+            let word = self.words.remove(&id).expect("a shared entry has a word");
+            Some(word.retire())
         } else {
             entry.due.deadline()
         }
     }
 
-    /// Takes entry `id` out of the index and the table (not the timeline), retiring its cell.
+    /// Takes entry `id` out of the index and the table (not the timeline), retiring its word.
     /// Returns it with its deadline.
     fn forget(&mut self, id: u32, hash: u64) -> (Entry<K, V>, i64) {
         let deadline = self.retire(id).expect("a deadline");
@@ -414,13 +430,13 @@ where
         self.forget(id, hash).0.value
     }
 
-    /// The id of `cell`'s entry, if it is still that entry (not fired, removed, taken,
-    /// replaced or drained since).
-    fn live(&self, cell: &Arc<EntryCell>) -> Option<u32> {
-        let id = cell.id();
-        self.cells
+    /// The id of a handle's entry, if it is still the key's live entry (not fired, removed,
+    /// taken, replaced or drained since).
+    fn live(&self, target: &Target<K>) -> Option<u32> {
+        let id = self.find(&target.key, target.hash)?;
+        self.words
             .get(&id)
-            .is_some_and(|current| Arc::ptr_eq(current, cell))
+            .is_some_and(|word| Arc::as_ptr(word) as usize == target.word)
             .then_some(id)
     }
 
@@ -428,7 +444,7 @@ where
     fn move_entry(&mut self, id: u32, deadline: i64) {
         let entry = self.entries.get_mut(id);
         if entry.due == Due::SHARED {
-            let moved = self.cells[&id].word.move_to(deadline);
+            let moved = self.words[&id].move_to(deadline);
             debug_assert_ne!(moved, Moved::Gone, "only the actor retires a word");
         } else {
             entry.due = Due::own(deadline);
@@ -454,10 +470,10 @@ where
 
     /// Takes every entry out at once: the index and the wheel start afresh. Each handle's
     /// word is retired and its deadline written back into the table, so the receiver needs
-    /// no cell (this is the one step that costs time per handle, not per entry).
+    /// no word (this is the one step that costs time per handle, not per entry).
     fn take_everything(&mut self) -> Drained<K, V> {
-        for (id, cell) in self.cells.drain() {
-            let deadline = cell.word.retire();
+        for (id, word) in self.words.drain() {
+            let deadline = word.retire();
             let slot = &mut self.entries.chunks[id as usize / CHUNK][id as usize % CHUNK];
             slot.as_mut().expect("a live entry").due = Due::own(deadline);
         }
@@ -478,12 +494,16 @@ where
             } => {
                 self.set(key, value, Due::own(deadline), deadline, hash, ctx);
             }
-            KeyedCommand::Insert { key, value, cell } => {
-                let deadline = cell.word.load().1;
-                let hash = cell.hash;
+            KeyedCommand::Insert {
+                key,
+                value,
+                hash,
+                word,
+            } => {
+                // No handle writes the word before this is applied: the ledger holds them off.
+                let deadline = word.load().1;
                 let id = self.set(key, value, Due::SHARED, deadline, hash, ctx);
-                cell.set_id(id);
-                self.cells.insert(id, cell);
+                self.words.insert(id, word);
             }
             KeyedCommand::Reset {
                 key,
@@ -512,33 +532,36 @@ where
             KeyedCommand::Len(reply) => {
                 let _ = reply.send(self.index.len);
             }
-            KeyedCommand::Advance(cell) => {
-                if let Some(id) = self.live(&cell) {
-                    let deadline = cell.word.load().1;
+            KeyedCommand::Advance(target, deadline) => {
+                // The handle wrote the word; should it have moved since, the entry's tick
+                // finds out (a later deadline files it again, never early).
+                if let Some(id) = self.live(&target) {
                     self.timeline.advance_to(id, due_at(deadline));
                     ctx.delta.rescheduled += 1;
                 }
             }
-            KeyedCommand::Move(cell, deadline) => {
-                if let Some(id) = self.live(&cell) {
+            KeyedCommand::Move(target, deadline) => {
+                if let Some(id) = self.live(&target) {
                     self.move_entry(id, deadline);
                     ctx.delta.rescheduled += 1;
                 }
             }
-            KeyedCommand::Forget(cell) => {
-                if let Some(id) = self.live(&cell) {
-                    self.remove(id, cell.hash, ctx);
+            KeyedCommand::Forget(target) => {
+                if let Some(id) = self.live(&target) {
+                    self.remove(id, target.hash, ctx);
                 }
             }
-            KeyedCommand::TakeEntry(cell, reply) => {
-                let value = self.live(&cell).map(|id| self.remove(id, cell.hash, ctx));
+            KeyedCommand::TakeEntry(target, reply) => {
+                let value = self
+                    .live(&target)
+                    .map(|id| self.remove(id, target.hash, ctx));
                 let _ = reply.send(value);
             }
         }
     }
 
     /// Sets `key` to `value`, due as `due` says (at `deadline`): replaces the entry if the key
-    /// is set (retiring its cell, if it had one), else files a new one. Returns its id.
+    /// is set (retiring its word, if it had one), else files a new one. Returns its id.
     fn set(
         &mut self,
         key: K,
@@ -584,7 +607,7 @@ where
 
     fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
         let mut due = Vec::new();
-        let (entries, cells) = (&self.entries, &self.cells);
+        let (entries, words) = (&self.entries, &self.words);
         let shown = self.timeline.expire(now, budget, |id, limit| {
             match entries.get(id).due.deadline() {
                 Some(deadline) if due_at(deadline) <= limit => {
@@ -593,7 +616,7 @@ where
                 }
                 Some(deadline) => Verdict::Later(due_at(deadline)),
                 // The handle may be moving it right now: one compare-and-swap decides.
-                None => match cells[&id].word.on_due(limit.min(i64::MAX as u64) as i64) {
+                None => match words[&id].on_due(limit.min(i64::MAX as u64) as i64) {
                     word::Due::Fire(deadline) => {
                         due.push((id, deadline));
                         Verdict::Done
@@ -604,7 +627,7 @@ where
         });
         for (id, deadline) in due {
             let hash = self.hasher.hash_one(&self.entries.get(id).key);
-            // A fired cell's word is gone already: retiring it again changes nothing.
+            // A fired entry's word is gone already: retiring it again changes nothing.
             let (entry, _) = self.forget(id, hash);
             ctx.delta.record_fire(due_at(deadline), now);
             self.deliver(entry, deadline, ctx.shared);
@@ -646,15 +669,15 @@ where
 
     fn holds_memory(&self, _shared: &Shared) -> bool {
         self.entries.high > 0
-            || self.cells.capacity() > 0
+            || self.words.capacity() > 0
             || self.index.shards.iter().any(|shard| shard.capacity() > 0)
     }
 
     fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) -> bool {
         self.entries.release_if_empty();
         self.index.release_if_empty();
-        if self.cells.is_empty() {
-            self.cells = HashMap::default();
+        if self.words.is_empty() {
+            self.words = HashMap::default();
         }
         self.timeline.shrink(0, CHUNK);
         self.reserved = self.reserved.min(CHUNK);

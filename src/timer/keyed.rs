@@ -17,8 +17,6 @@
 //! commands sent and applied per stripe of key hashes: a handle whose stripe has nothing in
 //! flight stores; otherwise it sends its move as a command, behind the others.
 
-use std::sync::Arc;
-
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
@@ -131,38 +129,6 @@ impl DeadlineWord {
     /// the deadline it had.
     pub(crate) fn retire(&self) -> i64 {
         unpack(self.0.fetch_or(GONE, Ordering::AcqRel)).1
-    }
-}
-
-/// What an entry's handles share with the actor: the word, plus where the actor keeps the
-/// entry (its id, written and read by the actor only) and its key's hash.
-#[derive(Debug)]
-pub(crate) struct EntryCell {
-    pub(crate) word: DeadlineWord,
-    /// The entry's id in the actor's table, set when the actor files it. Only the actor
-    /// touches it (it checks that the entry at that id is still this cell's).
-    id: AtomicU32,
-    /// The key's hash under the set's hasher.
-    pub(crate) hash: u64,
-}
-
-impl EntryCell {
-    pub(crate) fn new(deadline: i64, hash: u64) -> Arc<Self> {
-        Arc::new(EntryCell {
-            word: DeadlineWord::new(deadline),
-            id: AtomicU32::new(u32::MAX),
-            hash,
-        })
-    }
-
-    /// The actor: where the entry went.
-    pub(crate) fn set_id(&self, id: u32) {
-        self.id.store(id, Ordering::Relaxed);
-    }
-
-    /// The actor: where the entry was filed (if it ever was).
-    pub(crate) fn id(&self) -> u32 {
-        self.id.load(Ordering::Relaxed)
     }
 }
 
