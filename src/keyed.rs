@@ -63,9 +63,9 @@ use tokio::time::Instant;
 use crate::actor::Actor;
 use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
-use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine, Stripe, Target};
+use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine, Target};
 use crate::timer::clock::deadline_after;
-use crate::timer::keyed::{DeadlineWord, Ledger, Moved};
+use crate::timer::keyed::{DeadlineWord, Ledger, Moved, Stripe};
 use crate::timer::shared::Shared;
 
 pub(crate) fn new<K, V>(wheel: &Arc<WheelContext>) -> (Timers<K, V>, Expirations<K, V>)
@@ -136,17 +136,13 @@ impl<K, V> Drop for Set<K, V> {
 }
 
 impl<K, V> Set<K, V> {
-    /// Counts `command` in the ledger and queues it; `false` if the wheel has stopped (the
-    /// command is refused, as documented).
-    fn send(&self, command: KeyedCommand<K, V>, urgency: Urgency) -> bool {
+    /// Counts `command` in the ledger (in `stripe`) and queues it; `false` if the wheel has
+    /// stopped (the command is refused, as documented).
+    fn send(&self, command: KeyedCommand<K, V>, stripe: Stripe, urgency: Urgency) -> bool {
         if self.wheel.shared.is_closed() {
             return false;
         }
-        match command.stripe() {
-            Stripe::One(stripe) => self.ledger.sending(stripe),
-            Stripe::Every => self.ledger.sending_everywhere(),
-            Stripe::Uncounted => {}
-        }
+        self.ledger.sending_in(stripe);
         // A send fails only once the set's actor has stopped.
         self.inbox.send(0, command, urgency).is_ok()
     }
@@ -154,9 +150,10 @@ impl<K, V> Set<K, V> {
     async fn ask<R>(
         &self,
         command: impl FnOnce(oneshot::Sender<R>) -> KeyedCommand<K, V>,
+        stripe: Stripe,
     ) -> Option<R> {
         let (reply, answer) = oneshot::channel();
-        self.send(command(reply), Urgency::Now);
+        self.send(command(reply), stripe, Urgency::Now);
         // A refused command drops `reply`, so this never waits on a stopped wheel.
         answer.await.ok()
     }
@@ -200,6 +197,11 @@ where
         self.set.hasher.hash_one(key)
     }
 
+    /// The ledger stripe of commands on `key`.
+    fn stripe(&self, key: &K) -> Stripe {
+        Stripe::One(Ledger::stripe(self.hash(key)))
+    }
+
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
     /// if the key is already set.
     pub fn set(&self, key: K, value: V, after: Duration) {
@@ -210,14 +212,13 @@ where
     /// the key is already set.
     pub fn set_at(&self, key: K, value: V, deadline: Instant) {
         let deadline = self.set.offset(deadline);
-        let hash = self.hash(&key);
+        let stripe = self.stripe(&key);
         let command = KeyedCommand::Set {
             key,
             value,
             deadline,
-            hash,
         };
-        self.set.send(command, by(deadline));
+        self.set.send(command, stripe, by(deadline));
     }
 
     /// [`set`](Self::set) that also returns a [`KeyedTimer`]: a handle to this entry, for the
@@ -263,10 +264,10 @@ where
         let command = KeyedCommand::Insert {
             key: key.clone(),
             value,
-            hash,
             word: word.clone(),
         };
-        if !self.set.send(command, by(deadline)) {
+        let stripe = Stripe::One(Ledger::stripe(hash));
+        if !self.set.send(command, stripe, by(deadline)) {
             // Refused: the entry never existed, and its handle is stale from the start.
             word.retire();
         }
@@ -289,24 +290,25 @@ where
         let command = KeyedCommand::Reset {
             key: key.clone(),
             deadline,
-            hash: self.hash(key),
         };
-        self.set.send(command, by(deadline));
+        self.set.send(command, self.stripe(key), by(deadline));
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
     /// whether it was still there.
     pub fn remove(&self, key: &K) {
-        let command = KeyedCommand::Remove(key.clone(), self.hash(key));
-        self.set.send(command, Urgency::Lazy);
+        let command = KeyedCommand::Remove(key.clone());
+        self.set.send(command, self.stripe(key), Urgency::Lazy);
     }
 
     /// Removes `key` and returns its value: `Some` if and only if it was removed before it
     /// expired.
     pub async fn take(&self, key: &K) -> Option<V> {
-        let hash = self.hash(key);
         self.set
-            .ask(|reply| KeyedCommand::Take(key.clone(), hash, reply))
+            .ask(
+                |reply| KeyedCommand::Take(key.clone(), reply),
+                self.stripe(key),
+            )
             .await
             .flatten()
     }
@@ -316,7 +318,7 @@ where
     /// The set's actor hands its whole table over at once; turning it into pairs happens on
     /// the calling task, so draining millions of keys never stalls the actor.
     pub async fn drain(&self) -> Vec<(K, V)> {
-        match self.set.ask(KeyedCommand::Drain).await {
+        match self.set.ask(KeyedCommand::Drain, Stripe::Every).await {
             Some(drained) => drained.map(|(key, value, _)| (key, value)).collect(),
             None => Vec::new(),
         }
@@ -324,7 +326,10 @@ where
 
     /// How many keys are set.
     pub async fn len(&self) -> usize {
-        self.set.ask(KeyedCommand::Len).await.unwrap_or(0)
+        self.set
+            .ask(KeyedCommand::Len, Stripe::Uncounted)
+            .await
+            .unwrap_or(0)
     }
 
     /// Whether no key is set.
@@ -439,14 +444,14 @@ where
     /// by a command made before it.
     pub fn reset_at(&self, deadline: Instant) {
         let offset = self.set.offset(deadline);
-        if self.set.ledger.is_quiet(Ledger::stripe(self.hash)) {
+        let stripe = Ledger::stripe(self.hash);
+        if self.word.is_quiet() && self.set.ledger.is_quiet(stripe) {
             if self.word.move_to(offset) == Moved::Earlier {
-                let command = KeyedCommand::Advance(self.target(), offset);
-                self.set.send(command, by(offset));
+                self.send(KeyedCommand::Advance(self.target()), by(offset));
             }
         } else if !self.is_stale() {
-            let command = KeyedCommand::Move(self.target(), offset);
-            self.set.send(command, by(offset));
+            let command = KeyedCommand::Move(Box::new((self.target(), offset)));
+            self.send(command, by(offset));
         }
     }
 
@@ -454,8 +459,7 @@ where
     /// Fire-and-forget: use [`take`](Self::take) to know whether it was still there.
     pub fn remove(&self) {
         if !self.is_stale() {
-            let command = KeyedCommand::Forget(self.target());
-            self.set.send(command, Urgency::Lazy);
+            self.send(KeyedCommand::Forget(self.target()), Urgency::Lazy);
         }
     }
 
@@ -466,17 +470,25 @@ where
         if self.is_stale() {
             return None;
         }
-        self.set
-            .ask(|reply| KeyedCommand::TakeEntry(self.target(), reply))
-            .await
-            .flatten()
+        let (reply, answer) = oneshot::channel();
+        let command = KeyedCommand::TakeEntry(Box::new((self.target(), reply)));
+        self.send(command, Urgency::Now);
+        // A refused command drops `reply`, so this never waits on a stopped wheel.
+        answer.await.ok().flatten()
     }
 
     fn target(&self) -> Target<K> {
         Target {
             key: self.key.clone(),
-            hash: self.hash,
             word: Arc::as_ptr(&self.word) as usize,
+        }
+    }
+
+    /// Queues one of this handle's commands, counted in its word (not in the ledger).
+    fn send(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
+        if !self.set.wheel.shared.is_closed() {
+            self.word.sending();
+            self.set.send(command, Stripe::Uncounted, urgency);
         }
     }
 }

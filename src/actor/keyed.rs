@@ -31,7 +31,7 @@ use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
 use super::{Ctx, Machine};
 use crate::timer::clock::Clock;
-use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved};
+use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved, Stripe};
 use crate::timer::shared::Shared;
 
 /// Entries per chunk of the entry table.
@@ -41,82 +41,53 @@ const INDEX_SHARDS: usize = 64;
 
 /// What a keyed set's handles ask of its actor. Deadlines are signed offsets from the wheel's
 /// origin (negative before it), so an expiration reports the deadline exactly as it was set.
-/// By-key commands carry their key's hash (the sender needs it for the [`Ledger`]; the actor
-/// then does not hash again).
+///
+/// Kept as small as a `set` (a test says so): a flood queues millions of them, so the actor
+/// hashes each key again rather than carry its hash along, and the rarer handle commands box
+/// what does not fit.
 pub(crate) enum KeyedCommand<K, V> {
     Set {
         key: K,
         value: V,
         deadline: i64,
-        hash: u64,
     },
     /// `set` that also made a handle: the deadline is in the word.
     Insert {
         key: K,
         value: V,
-        hash: u64,
         word: Arc<DeadlineWord>,
     },
     Reset {
         key: K,
         deadline: i64,
-        hash: u64,
     },
-    Remove(K, u64),
-    Take(K, u64, oneshot::Sender<Option<V>>),
+    Remove(K),
+    Take(K, oneshot::Sender<Option<V>>),
     Drain(oneshot::Sender<Drained<K, V>>),
     Len(oneshot::Sender<usize>),
-    /// A handle moved its word earlier itself, to this deadline: file the entry for it.
-    Advance(Target<K>, i64),
-    /// A handle's move that had to queue behind commands in flight.
-    Move(Target<K>, i64),
+    /// A handle moved its word earlier itself: file the entry for the word's deadline.
+    Advance(Target<K>),
+    /// A handle's move that had to queue behind commands in flight (boxed, as the rarer
+    /// path, to keep every command small).
+    Move(Box<(Target<K>, i64)>),
     /// A handle's `remove`.
     Forget(Target<K>),
-    /// A handle's `take`.
-    TakeEntry(Target<K>, oneshot::Sender<Option<V>>),
+    /// A handle's `take` (boxed, to keep every command small).
+    TakeEntry(Box<(Target<K>, oneshot::Sender<Option<V>>)>),
 }
 
-/// The entry a handle's command is for: the handle's key and its hash, and the address of the
-/// handle's word — compared with the word of the key's live entry, never dereferenced, so the
-/// command holds no reference to the word and the actor never touches the handle's cache line
-/// to apply it.
+/// The entry a handle's command is for: the handle's key, and the address of the handle's
+/// word — compared with the word of the key's live entry, never dereferenced, so the command
+/// holds no reference to the word and the actor never touches the handle's cache line to apply
+/// it.
 ///
 /// Equal addresses mean the same word: the sender holds its word alive when it sends, and the
 /// live entry's word was allocated before its `Insert` was sent — so before this command —
 /// and lives as long as the entry; two words alive at the same moment never share an address.
 pub(crate) struct Target<K> {
     pub(crate) key: K,
-    pub(crate) hash: u64,
     /// The word's address.
     pub(crate) word: usize,
-}
-
-impl<K, V> KeyedCommand<K, V> {
-    /// The ledger stripe the command counts in; `None` for every stripe (a drain), or none
-    /// (a `len`, which changes nothing).
-    pub(crate) fn stripe(&self) -> Stripe {
-        match self {
-            KeyedCommand::Set { hash, .. }
-            | KeyedCommand::Insert { hash, .. }
-            | KeyedCommand::Reset { hash, .. }
-            | KeyedCommand::Remove(_, hash)
-            | KeyedCommand::Take(_, hash, _)
-            | KeyedCommand::Advance(Target { hash, .. }, _)
-            | KeyedCommand::Move(Target { hash, .. }, _)
-            | KeyedCommand::Forget(Target { hash, .. })
-            | KeyedCommand::TakeEntry(Target { hash, .. }, _) => Stripe::One(Ledger::stripe(*hash)),
-            KeyedCommand::Drain(_) => Stripe::Every,
-            KeyedCommand::Len(_) => Stripe::Uncounted,
-        }
-    }
-}
-
-/// Where a command counts in the [`Ledger`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stripe {
-    One(usize),
-    Every,
-    Uncounted,
 }
 
 /// What a set's actor sends its `Expirations` stream.
@@ -345,8 +316,8 @@ pub(crate) struct KeyedMachine<K, V> {
     /// Ids the timeline has room for: it grows with the table, by at most an eighth at a time
     /// (not by doubling), so its 20 bytes per entry stay close to 20.
     reserved: usize,
-    /// The set's hasher, shared with its senders (who hash each key once, for the ledger and
-    /// for this table).
+    /// The set's hasher, shared with its senders (who hash keys to count commands in the
+    /// ledger's stripes).
     hasher: foldhash::fast::RandomState,
     ledger: Arc<Ledger>,
     expirations: mpsc::UnboundedSender<Delivery<K, V>>,
@@ -357,7 +328,8 @@ where
     K: Eq + Hash + Send + 'static,
     V: Send + 'static,
 {
-    /// `hasher` and `ledger` are shared with the set's handles, which hash each key they send.
+    /// `hasher` and `ledger` are shared with the set's handles, which count each command they
+    /// send in the stripe of its key's hash.
     pub(crate) fn new(
         levels: &[u32],
         clock: Clock,
@@ -433,7 +405,7 @@ where
     /// The id of a handle's entry, if it is still the key's live entry (not fired, removed,
     /// taken, replaced or drained since).
     fn live(&self, target: &Target<K>) -> Option<u32> {
-        let id = self.find(&target.key, target.hash)?;
+        let id = self.find(&target.key, self.hasher.hash_one(&target.key))?;
         self.words
             .get(&id)
             .is_some_and(|word| Arc::as_ptr(word) as usize == target.word)
@@ -483,79 +455,96 @@ where
         Drained::new(std::mem::replace(&mut self.entries, Entries::new()))
     }
 
-    /// Applies `command`; returns nothing, but counts it in the ledger afterwards.
-    fn apply_one(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
+    /// Applies `command`; returns the ledger stripe it counts in (a by-key command's).
+    fn apply_one(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) -> Stripe {
+        let hash = |key: &K| self.hasher.hash_one(key);
+        let stripe = |hash: u64| Stripe::One(Ledger::stripe(hash));
         match command {
             KeyedCommand::Set {
                 key,
                 value,
                 deadline,
-                hash,
             } => {
+                let hash = hash(&key);
                 self.set(key, value, Due::own(deadline), deadline, hash, ctx);
+                stripe(hash)
             }
-            KeyedCommand::Insert {
-                key,
-                value,
-                hash,
-                word,
-            } => {
+            KeyedCommand::Insert { key, value, word } => {
+                let hash = hash(&key);
                 // No handle writes the word before this is applied: the ledger holds them off.
                 let deadline = word.load().1;
                 let id = self.set(key, value, Due::SHARED, deadline, hash, ctx);
                 self.words.insert(id, word);
+                stripe(hash)
             }
-            KeyedCommand::Reset {
-                key,
-                deadline,
-                hash,
-            } => {
+            KeyedCommand::Reset { key, deadline } => {
+                let hash = hash(&key);
                 if let Some(id) = self.find(&key, hash) {
                     self.move_entry(id, deadline);
                     ctx.delta.rescheduled += 1;
                 }
+                stripe(hash)
             }
-            KeyedCommand::Remove(key, hash) => {
+            KeyedCommand::Remove(key) => {
+                let hash = hash(&key);
                 if let Some(id) = self.find(&key, hash) {
                     self.remove(id, hash, ctx);
                 }
+                stripe(hash)
             }
-            KeyedCommand::Take(key, hash, reply) => {
+            KeyedCommand::Take(key, reply) => {
+                let hash = hash(&key);
                 let value = self.find(&key, hash).map(|id| self.remove(id, hash, ctx));
                 let _ = reply.send(value);
+                stripe(hash)
             }
             KeyedCommand::Drain(reply) => {
                 let drained = self.take_everything();
                 ctx.delta.cancelled += drained.len() as u64;
                 let _ = reply.send(drained);
+                Stripe::Every
             }
             KeyedCommand::Len(reply) => {
                 let _ = reply.send(self.index.len);
+                Stripe::Uncounted
             }
-            KeyedCommand::Advance(target, deadline) => {
-                // The handle wrote the word; should it have moved since, the entry's tick
-                // finds out (a later deadline files it again, never early).
+            // A handle's own commands count in its word, not in the ledger: counted down
+            // once applied to a live entry (a gone entry's word refuses every move anyway).
+            KeyedCommand::Advance(target) => {
                 if let Some(id) = self.live(&target) {
+                    // Should it move again meanwhile, later, the entry's tick finds out.
+                    let word = &self.words[&id];
+                    let deadline = word.load().1;
                     self.timeline.advance_to(id, due_at(deadline));
+                    word.applied();
                     ctx.delta.rescheduled += 1;
                 }
+                Stripe::Uncounted
             }
-            KeyedCommand::Move(target, deadline) => {
+            KeyedCommand::Move(moved) => {
+                let (target, deadline) = *moved;
                 if let Some(id) = self.live(&target) {
                     self.move_entry(id, deadline);
+                    self.words[&id].applied();
                     ctx.delta.rescheduled += 1;
                 }
+                Stripe::Uncounted
             }
             KeyedCommand::Forget(target) => {
                 if let Some(id) = self.live(&target) {
-                    self.remove(id, target.hash, ctx);
+                    let hash = self.hasher.hash_one(&target.key);
+                    self.remove(id, hash, ctx);
                 }
+                Stripe::Uncounted
             }
-            KeyedCommand::TakeEntry(target, reply) => {
-                let value = self
-                    .live(&target)
-                    .map(|id| self.remove(id, target.hash, ctx));
+            KeyedCommand::TakeEntry(taken) => {
+                let (target, reply) = *taken;
+                let value = self.live(&target).map(|id| {
+                    let hash = self.hasher.hash_one(&target.key);
+                    self.remove(id, hash, ctx)
+                });
                 let _ = reply.send(value);
+                Stripe::Uncounted
             }
         }
     }
@@ -596,13 +585,8 @@ where
     type Command = KeyedCommand<K, V>;
 
     fn apply(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
-        let stripe = command.stripe();
-        self.apply_one(command, ctx);
-        match stripe {
-            Stripe::One(stripe) => self.ledger.applied(stripe),
-            Stripe::Every => self.ledger.applied_everywhere(),
-            Stripe::Uncounted => {}
-        }
+        let stripe = self.apply_one(command, ctx);
+        self.ledger.applied_in(stripe);
     }
 
     fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
@@ -682,5 +666,30 @@ where
         self.timeline.shrink(0, CHUNK);
         self.reserved = self.reserved.min(CHUNK);
         true
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_and_entries_stay_small() {
+        // A flood queues millions of commands: one byte more per command and 2^20 of them
+        // outgrow glibc's 32 MiB mmap ceiling, so every flood page-faults afresh.
+        assert_eq!(size_of::<KeyedCommand<u64, u64>>(), 32);
+        assert_eq!(size_of::<KeyedCommand<u64, ()>>(), 24);
+        // The deadline's niche makes the free-slot marker cost nothing.
+        assert_eq!(size_of::<Option<Entry<u64, u64>>>(), 24);
+    }
+
+    #[test]
+    fn own_deadlines_round_trip_and_never_read_as_shared() {
+        for deadline in [0, 1, -1, i64::MAX, i64::MIN + 2] {
+            assert_eq!(Due::own(deadline).deadline(), Some(deadline));
+        }
+        assert_eq!(Due::own(i64::MIN).deadline(), Some(i64::MIN + 2));
+        assert_eq!(Due::own(i64::MIN + 1).deadline(), Some(i64::MIN + 2));
+        assert_eq!(Due::SHARED.deadline(), None);
     }
 }

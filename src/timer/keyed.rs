@@ -13,9 +13,11 @@
 //!
 //! A handle may store into the word only if no command that could still write the same entry
 //! is in flight — commands apply in the order they were made, and a by-key `reset` queued
-//! before the handle's store must not overwrite it when it lands. The [`Ledger`] counts
-//! commands sent and applied per stripe of key hashes: a handle whose stripe has nothing in
-//! flight stores; otherwise it sends its move as a command, behind the others.
+//! before the handle's store must not overwrite it when it lands. Two counts say so: the word
+//! counts its handles' own commands in flight, and the set's [`Ledger`] counts by-key commands
+//! sent and applied per stripe of key hashes (by-key senders cannot find the word). A handle
+//! whose word and stripe have nothing in flight stores; otherwise it sends its move as a
+//! command, behind the others.
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -60,27 +62,53 @@ pub(crate) enum Due {
 }
 
 /// An entry's deadline (a signed nanosecond offset from the wheel's origin) and whether the
-/// entry is gone.
+/// entry is gone; plus how many commands its handles have sent that the actor has not applied.
 #[derive(Debug)]
-pub(crate) struct DeadlineWord(AtomicU64);
+pub(crate) struct DeadlineWord {
+    word: AtomicU64,
+    /// The handles' own commands in flight. Handles count up before queueing one; the actor
+    /// counts down once it has applied it — if the entry is still live: a gone entry's word
+    /// refuses every move anyway.
+    in_flight: AtomicU32,
+}
 
 impl DeadlineWord {
     /// A live entry's word.
     pub(crate) fn new(deadline: i64) -> Self {
-        DeadlineWord(AtomicU64::new(pack(false, deadline)))
+        DeadlineWord {
+            word: AtomicU64::new(pack(false, deadline)),
+            in_flight: AtomicU32::new(0),
+        }
+    }
+
+    /// A handle is about to queue a command for this entry.
+    pub(crate) fn sending(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The actor applied a handle's command for this live entry; what it did to the word is
+    /// published with the count.
+    pub(crate) fn applied(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Whether every command this entry's handles sent has been applied (and its effect on
+    /// the word is visible to the caller).
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
     }
 
     /// Whether the entry is gone, and its deadline (for a gone entry: the one it had when it
     /// went).
     pub(crate) fn load(&self) -> (bool, i64) {
-        unpack(self.0.load(Ordering::Acquire))
+        unpack(self.word.load(Ordering::Acquire))
     }
 
     /// Sets the deadline of a live entry, from the handle or (for a by-key or queued move) the
     /// actor. One compare-and-swap, uncontended unless the actor is deciding this very entry.
     pub(crate) fn move_to(&self, deadline: i64) -> Moved {
         let new = pack(false, deadline);
-        let mut current = self.0.load(Ordering::Acquire);
+        let mut current = self.word.load(Ordering::Acquire);
         loop {
             let (gone, old) = unpack(current);
             if gone {
@@ -90,7 +118,7 @@ impl DeadlineWord {
                 return Moved::Later;
             }
             match self
-                .0
+                .word
                 .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) if deadline < old => return Moved::Earlier,
@@ -103,7 +131,7 @@ impl DeadlineWord {
     /// The actor: the entry's tick came, and everything due by `limit` may fire. Marks the
     /// word gone if it fires.
     pub(crate) fn on_due(&self, limit: i64) -> Due {
-        let mut current = self.0.load(Ordering::Acquire);
+        let mut current = self.word.load(Ordering::Acquire);
         loop {
             let (gone, deadline) = unpack(current);
             debug_assert!(
@@ -113,7 +141,7 @@ impl DeadlineWord {
             if deadline > limit {
                 return Due::Later(deadline);
             }
-            match self.0.compare_exchange_weak(
+            match self.word.compare_exchange_weak(
                 current,
                 current | GONE,
                 Ordering::AcqRel,
@@ -128,7 +156,7 @@ impl DeadlineWord {
     /// The actor: the entry is gone (removed, taken, replaced, drained or flushed). Returns
     /// the deadline it had.
     pub(crate) fn retire(&self) -> i64 {
-        unpack(self.0.fetch_or(GONE, Ordering::AcqRel)).1
+        unpack(self.word.fetch_or(GONE, Ordering::AcqRel)).1
     }
 }
 
@@ -139,10 +167,21 @@ const STRIPES: usize = 256;
 #[cfg(loom)]
 const STRIPES: usize = 2;
 
-/// Commands sent and applied, per stripe of key hashes. A command counts in its key's stripe
-/// (a drain in every stripe) before it is queued, and the actor counts it once applied: a
-/// stripe whose counts agree has nothing in flight, so a handle may write its entry's word
-/// directly without overtaking a command made before.
+/// Where a command counts in the [`Ledger`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stripe {
+    /// The stripe of its key.
+    One(usize),
+    /// Every stripe (a drain).
+    Every,
+    /// None (a `len`, which changes nothing).
+    Uncounted,
+}
+
+/// By-key commands sent and applied, per stripe of key hashes. A command counts in its key's
+/// stripe (a drain in every stripe) before it is queued, and the actor counts it once applied:
+/// a stripe whose counts agree has nothing in flight, so a handle (whose own commands its word
+/// counts) may write its entry's word directly without overtaking a command made before.
 #[derive(Debug)]
 pub(crate) struct Ledger {
     /// Written by senders.
@@ -195,6 +234,24 @@ impl Ledger {
     pub(crate) fn applied_everywhere(&self) {
         for stripe in 0..STRIPES {
             self.applied(stripe);
+        }
+    }
+
+    /// A command counted in `stripe` is about to be queued.
+    pub(crate) fn sending_in(&self, stripe: Stripe) {
+        match stripe {
+            Stripe::One(stripe) => self.sending(stripe),
+            Stripe::Every => self.sending_everywhere(),
+            Stripe::Uncounted => {}
+        }
+    }
+
+    /// The actor applied a command counted in `stripe`.
+    pub(crate) fn applied_in(&self, stripe: Stripe) {
+        match stripe {
+            Stripe::One(stripe) => self.applied(stripe),
+            Stripe::Every => self.applied_everywhere(),
+            Stripe::Uncounted => {}
         }
     }
 
@@ -355,6 +412,39 @@ mod loom_model {
             }
             assert_eq!(word.load(), (false, 40));
             assert!(ledger.is_quiet(stripe));
+        });
+    }
+
+    /// The same with the handle's own commands, which its word counts: a move queued by the
+    /// handle (its stripe was busy) and then a direct one, racing the actor.
+    #[test]
+    fn a_handle_store_never_overtakes_its_own_queued_move() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(10));
+            let queue = Arc::new(Mutex::new(Vec::<i64>::new()));
+            let apply = |word: &DeadlineWord, queue: &Mutex<Vec<i64>>| {
+                for deadline in std::mem::take(&mut *queue.lock().unwrap()) {
+                    word.move_to(deadline);
+                    word.applied();
+                }
+            };
+            let actor = {
+                let (word, queue) = (word.clone(), queue.clone());
+                thread::spawn(move || apply(&word, &queue))
+            };
+            // The handle: a move to 5 queued, then a move to 40.
+            word.sending();
+            queue.lock().unwrap().push(5);
+            if word.is_quiet() {
+                word.move_to(40);
+            } else {
+                word.sending();
+                queue.lock().unwrap().push(40);
+            }
+            actor.join().unwrap();
+            apply(&word, &queue);
+            assert_eq!(word.load(), (false, 40));
+            assert!(word.is_quiet());
         });
     }
 }
