@@ -478,9 +478,10 @@ where
     }
 
     fn target(&self) -> Target<K> {
-        Target {
-            key: self.key.clone(),
-            word: Arc::as_ptr(&self.word) as usize,
+        let word = Arc::as_ptr(&self.word) as usize;
+        match self.word.id() {
+            Some(id) => Target::Filed { id, word },
+            None => Target::Unfiled(Box::new((self.key.clone(), word))),
         }
     }
 

@@ -24,7 +24,7 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashTable;
 use tokio::sync::{mpsc, oneshot};
 
 use super::inbox::Inbox;
@@ -76,18 +76,22 @@ pub(crate) enum KeyedCommand<K, V> {
     TakeEntry(Box<(Target<K>, oneshot::Sender<Option<V>>)>),
 }
 
-/// The entry a handle's command is for: the handle's key, and the address of the handle's
-/// word — compared with the word of the key's live entry, never dereferenced, so the command
-/// holds no reference to the word and the actor never touches the handle's cache line to apply
-/// it.
+/// The entry a handle's command is for: where the actor filed it (the id the actor wrote into
+/// the word when it applied the `Insert`), or — for a command made before that — its key; and
+/// the address of the handle's word. The address is compared with the word of the live entry
+/// there, never dereferenced, so the command holds no reference to the word and the actor
+/// never takes the handle's cache line away to check it.
 ///
 /// Equal addresses mean the same word: the sender holds its word alive when it sends, and the
 /// live entry's word was allocated before its `Insert` was sent — so before this command —
 /// and lives as long as the entry; two words alive at the same moment never share an address.
-pub(crate) struct Target<K> {
-    pub(crate) key: K,
-    /// The word's address.
-    pub(crate) word: usize,
+pub(crate) enum Target<K> {
+    Filed {
+        id: u32,
+        word: usize,
+    },
+    /// Boxed: rare (only before the `Insert` is applied), and commands stay small.
+    Unfiled(Box<(K, usize)>),
 }
 
 /// What a set's actor sends its `Expirations` stream.
@@ -263,6 +267,78 @@ impl<K, V> Entries<K, V> {
     }
 }
 
+/// The shared words of entries made with a handle, by id, in [`CHUNK`]-sized chunks allocated
+/// only for id ranges that hold such an entry: a set without handles pays nothing, one with a
+/// handle on every entry 8 bytes per entry, and a handle's command finds its word with no hash
+/// lookup (a hash table of 10^5 words outgrew the cache and cost a miss per command).
+struct Words {
+    chunks: Vec<Option<Box<[Option<Arc<DeadlineWord>>]>>>,
+    len: usize,
+}
+
+impl Words {
+    fn new() -> Self {
+        Words {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<&Arc<DeadlineWord>> {
+        let chunk = self.chunks.get(id as usize / CHUNK)?.as_ref()?;
+        chunk[id as usize % CHUNK].as_ref()
+    }
+
+    /// The word of entry `id`, which is marked [`Due::SHARED`].
+    fn of(&self, id: u32) -> &Arc<DeadlineWord> {
+        self.get(id).expect("a shared entry has a word")
+    }
+
+    fn insert(&mut self, id: u32, word: Arc<DeadlineWord>) {
+        let (chunk, slot) = (id as usize / CHUNK, id as usize % CHUNK);
+        if self.chunks.len() <= chunk {
+            self.chunks.resize_with(chunk + 1, || None);
+        }
+        let chunk = self.chunks[chunk].get_or_insert_with(|| (0..CHUNK).map(|_| None).collect());
+        if chunk[slot].replace(word).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, id: u32) -> Option<Arc<DeadlineWord>> {
+        let chunk = self.chunks.get_mut(id as usize / CHUNK)?.as_mut()?;
+        let word = chunk[id as usize % CHUNK].take()?;
+        self.len -= 1;
+        Some(word)
+    }
+
+    /// Takes every word out, with its id; the chunks are given back.
+    fn drain(&mut self) -> impl Iterator<Item = (u32, Arc<DeadlineWord>)> + use<> {
+        self.len = 0;
+        std::mem::take(&mut self.chunks)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(chunk, words)| Some((chunk, words?)))
+            .flat_map(|(chunk, words)| {
+                words
+                    .into_vec()
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(move |(slot, word)| Some(((chunk * CHUNK + slot) as u32, word?)))
+            })
+    }
+
+    fn holds_memory(&self) -> bool {
+        !self.chunks.is_empty()
+    }
+
+    fn release_if_empty(&mut self) {
+        if self.len == 0 {
+            *self = Words::new();
+        }
+    }
+}
+
 /// Ids by key, in [`INDEX_SHARDS`] hash tables chosen by hash bits the tables themselves do not
 /// use for placement.
 struct Index {
@@ -310,9 +386,8 @@ pub(crate) struct KeyedMachine<K, V> {
     entries: Entries<K, V>,
     /// Ids by key. Only the live entry of a key is indexed.
     index: Index,
-    /// The words of entries made with a handle, by id: exactly the entries marked
-    /// [`Due::SHARED`].
-    words: HashMap<u32, Arc<DeadlineWord>, foldhash::fast::FixedState>,
+    /// The words of entries made with a handle: exactly the entries marked [`Due::SHARED`].
+    words: Words,
     /// Ids the timeline has room for: it grows with the table, by at most an eighth at a time
     /// (not by doubling), so its 20 bytes per entry stay close to 20.
     reserved: usize,
@@ -341,7 +416,7 @@ where
             timeline: Timeline::new(levels, clock),
             entries: Entries::new(),
             index: Index::new(),
-            words: HashMap::default(),
+            words: Words::new(),
             reserved: 0,
             hasher,
             ledger,
@@ -380,7 +455,7 @@ where
     fn retire(&mut self, id: u32) -> Option<i64> {
         let entry = self.entries.get(id);
         if entry.due == Due::SHARED {
-            let word = self.words.remove(&id).expect("a shared entry has a word");
+            let word = self.words.remove(id).expect("a shared entry has a word");
             Some(word.retire())
         } else {
             entry.due.deadline()
@@ -402,21 +477,33 @@ where
         self.forget(id, hash).0.value
     }
 
-    /// The id of a handle's entry, if it is still the key's live entry (not fired, removed,
-    /// taken, replaced or drained since).
+    /// The id of a handle's entry, if it is still live (not fired, removed, taken, replaced or
+    /// drained since).
     fn live(&self, target: &Target<K>) -> Option<u32> {
-        let id = self.find(&target.key, self.hasher.hash_one(&target.key))?;
+        let (id, address) = match target {
+            Target::Filed { id, word } => (*id, *word),
+            Target::Unfiled(unfiled) => {
+                let (key, word) = &**unfiled;
+                (self.find(key, self.hasher.hash_one(key))?, *word)
+            }
+        };
         self.words
-            .get(&id)
-            .is_some_and(|word| Arc::as_ptr(word) as usize == target.word)
+            .get(id)
+            .is_some_and(|word| Arc::as_ptr(word) as usize == address)
             .then_some(id)
+    }
+
+    /// Removes live entry `id`, which a handle named.
+    fn remove_by_id(&mut self, id: u32, ctx: &mut Ctx<'_>) -> V {
+        let hash = self.hasher.hash_one(&self.entries.get(id).key);
+        self.remove(id, hash, ctx)
     }
 
     /// Sets entry `id`'s deadline (wherever it lives) and files it earlier if need be.
     fn move_entry(&mut self, id: u32, deadline: i64) {
         let entry = self.entries.get_mut(id);
         if entry.due == Due::SHARED {
-            let moved = self.words[&id].move_to(deadline);
+            let moved = self.words.of(id).move_to(deadline);
             debug_assert_ne!(moved, Moved::Gone, "only the actor retires a word");
         } else {
             entry.due = Due::own(deadline);
@@ -474,6 +561,8 @@ where
                 // No handle writes the word before this is applied: the ledger holds them off.
                 let deadline = word.load().1;
                 let id = self.set(key, value, Due::SHARED, deadline, hash, ctx);
+                // Written once, read by the handles: their commands name the entry by it.
+                word.filed_as(id);
                 self.words.insert(id, word);
                 stripe(hash)
             }
@@ -513,7 +602,7 @@ where
             KeyedCommand::Advance(target) => {
                 if let Some(id) = self.live(&target) {
                     // Should it move again meanwhile, later, the entry's tick finds out.
-                    let word = &self.words[&id];
+                    let word = self.words.of(id);
                     let deadline = word.load().1;
                     self.timeline.advance_to(id, due_at(deadline));
                     word.applied();
@@ -525,24 +614,20 @@ where
                 let (target, deadline) = *moved;
                 if let Some(id) = self.live(&target) {
                     self.move_entry(id, deadline);
-                    self.words[&id].applied();
+                    self.words.of(id).applied();
                     ctx.delta.rescheduled += 1;
                 }
                 Stripe::Uncounted
             }
             KeyedCommand::Forget(target) => {
                 if let Some(id) = self.live(&target) {
-                    let hash = self.hasher.hash_one(&target.key);
-                    self.remove(id, hash, ctx);
+                    self.remove_by_id(id, ctx);
                 }
                 Stripe::Uncounted
             }
             KeyedCommand::TakeEntry(taken) => {
                 let (target, reply) = *taken;
-                let value = self.live(&target).map(|id| {
-                    let hash = self.hasher.hash_one(&target.key);
-                    self.remove(id, hash, ctx)
-                });
+                let value = self.live(&target).map(|id| self.remove_by_id(id, ctx));
                 let _ = reply.send(value);
                 Stripe::Uncounted
             }
@@ -600,7 +685,7 @@ where
                 }
                 Some(deadline) => Verdict::Later(due_at(deadline)),
                 // The handle may be moving it right now: one compare-and-swap decides.
-                None => match words[&id].on_due(limit.min(i64::MAX as u64) as i64) {
+                None => match words.of(id).on_due(limit.min(i64::MAX as u64) as i64) {
                     word::Due::Fire(deadline) => {
                         due.push((id, deadline));
                         Verdict::Done
@@ -653,16 +738,14 @@ where
 
     fn holds_memory(&self, _shared: &Shared) -> bool {
         self.entries.high > 0
-            || self.words.capacity() > 0
+            || self.words.holds_memory()
             || self.index.shards.iter().any(|shard| shard.capacity() > 0)
     }
 
     fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) -> bool {
         self.entries.release_if_empty();
         self.index.release_if_empty();
-        if self.words.is_empty() {
-            self.words = HashMap::default();
-        }
+        self.words.release_if_empty();
         self.timeline.shrink(0, CHUNK);
         self.reserved = self.reserved.min(CHUNK);
         true
@@ -679,6 +762,7 @@ mod tests {
         // outgrow glibc's 32 MiB mmap ceiling, so every flood page-faults afresh.
         assert_eq!(size_of::<KeyedCommand<u64, u64>>(), 32);
         assert_eq!(size_of::<KeyedCommand<u64, ()>>(), 24);
+        assert_eq!(size_of::<KeyedCommand<String, ()>>(), 40);
         // The deadline's niche makes the free-slot marker cost nothing.
         assert_eq!(size_of::<Option<Entry<u64, u64>>>(), 24);
     }

@@ -70,7 +70,13 @@ pub(crate) struct DeadlineWord {
     /// counts down once it has applied it — if the entry is still live: a gone entry's word
     /// refuses every move anyway.
     in_flight: AtomicU32,
+    /// Where the actor filed the entry ([`UNFILED`] until it applies the insert): handles name
+    /// the entry by it. Written once, by the actor.
+    id: AtomicU32,
 }
+
+/// The id of an entry the actor has not filed yet.
+pub(crate) const UNFILED: u32 = u32::MAX;
 
 impl DeadlineWord {
     /// A live entry's word.
@@ -78,7 +84,18 @@ impl DeadlineWord {
         DeadlineWord {
             word: AtomicU64::new(pack(false, deadline)),
             in_flight: AtomicU32::new(0),
+            id: AtomicU32::new(UNFILED),
         }
+    }
+
+    /// The actor: the entry is filed as `id`.
+    pub(crate) fn filed_as(&self, id: u32) {
+        self.id.store(id, Ordering::Relaxed);
+    }
+
+    /// Where the actor filed the entry, if it has yet.
+    pub(crate) fn id(&self) -> Option<u32> {
+        Some(self.id.load(Ordering::Relaxed)).filter(|&id| id != UNFILED)
     }
 
     /// A handle is about to queue a command for this entry.
