@@ -28,12 +28,20 @@
 //! # Costs
 //!
 //! Each [`Wheel::keyed`](crate::Wheel::keyed) set runs its own actor task, so sets never
-//! contend with each other or with sleeps. Every operation is one queued command (one lock
-//! and a push; no allocation); `take`, `drain` and `len` also wait for the actor's answer.
-//! The actor keeps each entry once — key, value and deadline in a table, found through a hash
-//! table of 4-byte ids — plus a 20-byte wheel position: about 30 bytes besides the key and
-//! value. Moving a key's deadline later costs the actor one table write; the entry is filed
-//! again only when its old tick comes.
+//! contend with each other or with sleeps. Every by-key operation is one queued command (one
+//! lock and a push; no allocation) plus hashing the key once on the caller's side; `take`,
+//! `drain` and `len` also wait for the actor's answer. The actor keeps each entry once — key,
+//! value and an 8-byte deadline in a table, found through a hash table of 4-byte ids — plus a
+//! 20-byte wheel position: about 35 bytes besides the key and value (53 bytes in all for `u64`
+//! keys and values at 10^5 entries). Moving a key's deadline later costs the actor one table
+//! write; the entry is filed again only when its old tick comes.
+//!
+//! # A handle per entry
+//!
+//! [`Timers::insert`] sets a key and returns a [`KeyedTimer`], a handle to that entry for the
+//! task that owns it. The entry's deadline then lives in a word the handle shares with the
+//! actor, so postponing it is one compare-and-swap — no command, no lookup. Such an entry costs
+//! a 32-byte allocation (the word) and 8 bytes in the actor's table of words besides the above.
 //!
 //! Expirations are buffered without bound: a slow or absent reader never stalls the wheel,
 //! and each unread expiration costs its key, value and deadline (plus the channel's slot) in

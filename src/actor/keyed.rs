@@ -3,7 +3,7 @@
 //! Every command reaches the set's actor through a single-shard inbox, so commands from every
 //! handle apply in the order they were made. The actor keeps each entry once (key, value and
 //! exact deadline, in a table indexed by id) and finds ids by key through hash tables of ids
-//! that compare keys in that table: an entry costs its key and value plus about 30 bytes.
+//! that compare keys in that table: an entry costs its key and value plus about 35 bytes.
 //!
 //! Both structures grow without long pauses, so a flood into a big set never stalls the actor
 //! (and its runtime) for long: entries live in fixed-size chunks (growing never copies them),
@@ -272,9 +272,13 @@ impl<K, V> Entries<K, V> {
 /// handle on every entry 8 bytes per entry, and a handle's command finds its word with no hash
 /// lookup (a hash table of 10^5 words outgrew the cache and cost a miss per command).
 struct Words {
-    chunks: Vec<Option<Box<[Option<Arc<DeadlineWord>>]>>>,
+    /// `None` for id ranges without a handle's entry.
+    chunks: Vec<Option<WordChunk>>,
     len: usize,
 }
+
+/// [`CHUNK`] words; `None` for ids without a handle's entry.
+type WordChunk = Box<[Option<Arc<DeadlineWord>>]>;
 
 impl Words {
     fn new() -> Self {
@@ -313,7 +317,7 @@ impl Words {
     }
 
     /// Takes every word out, with its id; the chunks are given back.
-    fn drain(&mut self) -> impl Iterator<Item = (u32, Arc<DeadlineWord>)> + use<> {
+    fn drain(&mut self) -> impl Iterator<Item = (u32, Arc<DeadlineWord>)> {
         self.len = 0;
         std::mem::take(&mut self.chunks)
             .into_iter()
