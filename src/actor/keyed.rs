@@ -35,7 +35,7 @@ use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved, Stripe};
 use crate::timer::shared::Shared;
 
 /// Entries per chunk of the entry table.
-const CHUNK: usize = 4 * 1024;
+const CHUNK: usize = 1024;
 /// Hash tables the index is split into.
 const INDEX_SHARDS: usize = 64;
 
