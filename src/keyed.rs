@@ -28,12 +28,20 @@
 //! # Costs
 //!
 //! Each [`Wheel::keyed`](crate::Wheel::keyed) set runs its own actor task, so sets never
-//! contend with each other or with sleeps. Every operation is one queued command (one lock
-//! and a push; no allocation); `take`, `drain` and `len` also wait for the actor's answer.
-//! The actor keeps each entry once — key, value and deadline in a table, found through a hash
-//! table of 4-byte ids — plus a 20-byte wheel position: about 30 bytes besides the key and
-//! value. Moving a key's deadline later costs the actor one table write; the entry is filed
-//! again only when its old tick comes.
+//! contend with each other or with sleeps. Every by-key operation is one queued command (one
+//! lock and a push; no allocation) plus hashing the key once on the caller's side; `take`,
+//! `drain` and `len` also wait for the actor's answer. The actor keeps each entry once — key,
+//! value and an 8-byte deadline in a table, found through a hash table of 4-byte ids — plus a
+//! 20-byte wheel position: about 35 bytes besides the key and value (53 bytes in all for `u64`
+//! keys and values at 10^5 entries). Moving a key's deadline later costs the actor one table
+//! write; the entry is filed again only when its old tick comes.
+//!
+//! # A handle per entry
+//!
+//! [`Timers::insert`] sets a key and returns a [`KeyedTimer`], a handle to that entry for the
+//! task that owns it. The entry's deadline then lives in a word the handle shares with the
+//! actor, so postponing it is one compare-and-swap — no command, no lookup. Such an entry costs
+//! a 32-byte allocation (the word) and 8 bytes in the actor's table of words besides the above.
 //!
 //! Expirations are buffered without bound: a slow or absent reader never stalls the wheel,
 //! and each unread expiration costs its key, value and deadline (plus the channel's slot) in
@@ -48,7 +56,7 @@
 //! silently and `take`, `drain` and `len` answer empty.
 
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -63,8 +71,9 @@ use tokio::time::Instant;
 use crate::actor::Actor;
 use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
-use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine};
+use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine, Target};
 use crate::timer::clock::deadline_after;
+use crate::timer::keyed::{DeadlineWord, Ledger, Moved, Stripe};
 use crate::timer::shared::Shared;
 
 pub(crate) fn new<K, V>(wheel: &Arc<WheelContext>) -> (Timers<K, V>, Expirations<K, V>)
@@ -75,18 +84,31 @@ where
     let shared = wheel.shared.clone();
     // One shard: commands from every handle apply in the order they were made.
     let inbox = Arc::new(Inbox::new(1));
+    let ledger = Arc::new(Ledger::default());
+    // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
+    let hasher = foldhash::fast::RandomState::default();
     let (expired_sender, expired) = mpsc::unbounded_channel();
     if shared.is_closed() {
         // A set made after shutdown gets no actor: calls answer empty, the stream ends at once.
         inbox.stop(&mut Default::default());
     } else {
-        let machine = KeyedMachine::new(&shared.levels, shared.clock, expired_sender);
+        let machine = KeyedMachine::new(
+            &shared.levels,
+            shared.clock,
+            expired_sender,
+            hasher.clone(),
+            ledger.clone(),
+        );
         Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
     }
     (
         Timers {
-            wheel: wheel.clone(),
-            sender: Arc::new(KeyedSender(inbox)),
+            set: Arc::new(Set {
+                wheel: wheel.clone(),
+                inbox,
+                ledger,
+                hasher,
+            }),
         },
         Expirations {
             receiver: expired,
@@ -102,25 +124,66 @@ where
 /// Once the wheel has stopped, `set` is refused silently and `take`, `drain` and `len` answer
 /// empty at once.
 pub struct Timers<K, V> {
-    /// Keeps the wheel's handles' state alive, as a `Wheel` would; shown as the wheel.
-    wheel: Arc<WheelContext>,
-    sender: Arc<KeyedSender<K, V>>,
+    set: Arc<Set<K, V>>,
 }
 
-/// The set's inbox, closed when the last `Timers` clone goes.
-struct KeyedSender<K, V>(Arc<Inbox<KeyedCommand<K, V>>>);
+/// What every [`Timers`] clone and [`KeyedTimer`] of a set hold: the set's inbox (closed when
+/// the last of them goes), its ledger and its hasher, and the wheel's context (kept alive, as
+/// a `Wheel` would; shown as the wheel).
+struct Set<K, V> {
+    wheel: Arc<WheelContext>,
+    inbox: Arc<Inbox<KeyedCommand<K, V>>>,
+    ledger: Arc<Ledger>,
+    hasher: foldhash::fast::RandomState,
+}
 
-impl<K, V> Drop for KeyedSender<K, V> {
+impl<K, V> Drop for Set<K, V> {
     fn drop(&mut self) {
-        self.0.close();
+        self.inbox.close();
     }
+}
+
+impl<K, V> Set<K, V> {
+    /// Counts `command` in the ledger (in `stripe`) and queues it; `false` if the wheel has
+    /// stopped (the command is refused, as documented).
+    fn send(&self, command: KeyedCommand<K, V>, stripe: Stripe, urgency: Urgency) -> bool {
+        if self.wheel.shared.is_closed() {
+            return false;
+        }
+        self.ledger.sending_in(stripe);
+        // A send fails only once the set's actor has stopped.
+        self.inbox.send(0, command, urgency).is_ok()
+    }
+
+    async fn ask<R>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<R>) -> KeyedCommand<K, V>,
+        stripe: Stripe,
+    ) -> Option<R> {
+        let (reply, answer) = oneshot::channel();
+        self.send(command(reply), stripe, Urgency::Now);
+        // A refused command drops `reply`, so this never waits on a stopped wheel.
+        answer.await.ok()
+    }
+
+    fn offset(&self, deadline: Instant) -> i64 {
+        self.wheel.shared.clock.signed_offset(deadline)
+    }
+
+    fn instant(&self, offset: i64) -> Instant {
+        self.wheel.shared.clock.instant_at(offset)
+    }
+}
+
+/// How soon the actor must see a command for a deadline at `offset`.
+fn by(offset: i64) -> Urgency {
+    Urgency::By(offset.max(0) as u64)
 }
 
 impl<K, V> Clone for Timers<K, V> {
     fn clone(&self) -> Self {
         Timers {
-            wheel: self.wheel.clone(),
-            sender: self.sender.clone(),
+            set: self.set.clone(),
         }
     }
 }
@@ -128,7 +191,7 @@ impl<K, V> Clone for Timers<K, V> {
 impl<K, V> fmt::Debug for Timers<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Timers")
-            .field("wheel", &self.wheel)
+            .field("wheel", &self.set.wheel)
             .finish()
     }
 }
@@ -138,15 +201,13 @@ where
     K: Eq + Hash + Clone + Send + 'static,
     V: Send + 'static,
 {
-    fn send(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
-        if !self.wheel.shared.is_closed() {
-            // A send fails only once the set's actor has stopped: refused, as documented.
-            let _ = self.sender.0.send(0, command, urgency);
-        }
+    fn hash(&self, key: &K) -> u64 {
+        self.set.hasher.hash_one(key)
     }
 
-    fn offset(&self, deadline: Instant) -> i64 {
-        self.wheel.shared.clock.signed_offset(deadline)
+    /// The ledger stripe of commands on `key`.
+    fn stripe(&self, key: &K) -> Stripe {
+        Stripe::One(Ledger::stripe(self.hash(key)))
     }
 
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
@@ -158,16 +219,72 @@ where
     /// Inserts `key` with `value`, expiring at `deadline`; replaces the value and deadline if
     /// the key is already set.
     pub fn set_at(&self, key: K, value: V, deadline: Instant) {
-        let deadline = self.offset(deadline);
-        let urgency = Urgency::By(deadline.max(0) as u64);
-        self.send(
-            KeyedCommand::Set {
-                key,
-                value,
-                deadline,
-            },
-            urgency,
-        );
+        let deadline = self.set.offset(deadline);
+        let stripe = self.stripe(&key);
+        let command = KeyedCommand::Set {
+            key,
+            value,
+            deadline,
+        };
+        self.set.send(command, stripe, by(deadline));
+    }
+
+    /// [`set`](Self::set) that also returns a [`KeyedTimer`]: a handle to this entry, for the
+    /// task that owns it.
+    ///
+    /// The handle and the by-key calls act on the same entry, in the order they are made.
+    /// Postponing through the handle costs one compare-and-swap on a word the handle shares
+    /// with the actor — no message, no lookup — where [`reset`](Self::reset) queues a command
+    /// and the actor finds the key. The entry costs a small allocation (the shared word) and a
+    /// place in the actor's table of handles, besides what a `set` costs.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures::StreamExt;
+    /// use tokio_wheel::Wheel;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let wheel = Wheel::new();
+    /// let (timers, mut expired) = wheel.keyed::<u64, &str>();
+    /// let start = tokio::time::Instant::now();
+    /// let idle = timers.insert(7, "10.0.0.7:5000", Duration::from_secs(30));
+    ///
+    /// tokio::time::sleep(Duration::from_secs(20)).await;
+    /// idle.reset(Duration::from_secs(30)); // traffic: 30 more seconds, without a message
+    /// assert_eq!(idle.deadline(), start + Duration::from_secs(50));
+    ///
+    /// let closed = expired.next().await.unwrap();
+    /// assert_eq!(closed.deadline(), start + Duration::from_secs(50));
+    /// assert_eq!(closed.into_parts(), (7, "10.0.0.7:5000"));
+    /// # }
+    /// ```
+    pub fn insert(&self, key: K, value: V, after: Duration) -> KeyedTimer<K, V> {
+        self.insert_at(key, value, deadline_after(after))
+    }
+
+    /// [`set_at`](Self::set_at) that also returns a [`KeyedTimer`]; see
+    /// [`insert`](Self::insert).
+    pub fn insert_at(&self, key: K, value: V, deadline: Instant) -> KeyedTimer<K, V> {
+        let deadline = self.set.offset(deadline);
+        let hash = self.hash(&key);
+        let word = Arc::new(DeadlineWord::new(deadline));
+        let command = KeyedCommand::Insert {
+            key: key.clone(),
+            value,
+            word: word.clone(),
+        };
+        let stripe = Stripe::One(Ledger::stripe(hash));
+        if !self.set.send(command, stripe, by(deadline)) {
+            // Refused: the entry never existed, and its handle is stale from the start.
+            word.retire();
+        }
+        KeyedTimer {
+            key,
+            hash,
+            word,
+            set: self.set.clone(),
+        }
     }
 
     /// Moves `key`'s expiry to `after` from now, earlier or later. No-op if absent.
@@ -177,27 +294,29 @@ where
 
     /// Moves `key`'s expiry to `deadline`, earlier or later. No-op if absent.
     pub fn reset_at(&self, key: &K, deadline: Instant) {
-        let deadline = self.offset(deadline);
-        let urgency = Urgency::By(deadline.max(0) as u64);
-        self.send(
-            KeyedCommand::Reset {
-                key: key.clone(),
-                deadline,
-            },
-            urgency,
-        );
+        let deadline = self.set.offset(deadline);
+        let command = KeyedCommand::Reset {
+            key: key.clone(),
+            deadline,
+        };
+        self.set.send(command, self.stripe(key), by(deadline));
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
     /// whether it was still there.
     pub fn remove(&self, key: &K) {
-        self.send(KeyedCommand::Remove(key.clone()), Urgency::Lazy);
+        let command = KeyedCommand::Remove(key.clone());
+        self.set.send(command, self.stripe(key), Urgency::Lazy);
     }
 
     /// Removes `key` and returns its value: `Some` if and only if it was removed before it
     /// expired.
     pub async fn take(&self, key: &K) -> Option<V> {
-        self.ask(|reply| KeyedCommand::Take(key.clone(), reply))
+        self.set
+            .ask(
+                |reply| KeyedCommand::Take(key.clone(), reply),
+                self.stripe(key),
+            )
             .await
             .flatten()
     }
@@ -207,7 +326,7 @@ where
     /// The set's actor hands its whole table over at once; turning it into pairs happens on
     /// the calling task, so draining millions of keys never stalls the actor.
     pub async fn drain(&self) -> Vec<(K, V)> {
-        match self.ask(KeyedCommand::Drain).await {
+        match self.set.ask(KeyedCommand::Drain, Stripe::Every).await {
             Some(drained) => drained.map(|(key, value, _)| (key, value)).collect(),
             None => Vec::new(),
         }
@@ -215,22 +334,193 @@ where
 
     /// How many keys are set.
     pub async fn len(&self) -> usize {
-        self.ask(KeyedCommand::Len).await.unwrap_or(0)
+        self.set
+            .ask(KeyedCommand::Len, Stripe::Uncounted)
+            .await
+            .unwrap_or(0)
     }
 
     /// Whether no key is set.
     pub async fn is_empty(&self) -> bool {
         self.len().await == 0
     }
+}
 
-    async fn ask<R>(
-        &self,
-        command: impl FnOnce(oneshot::Sender<R>) -> KeyedCommand<K, V>,
-    ) -> Option<R> {
+/// A handle to one keyed entry, for the task that owns it; made by [`Timers::insert`].
+///
+/// The use it is built for: a connection's task that postpones its own idle timer on every
+/// message. [`reset`](Self::reset) to a later deadline is one compare-and-swap on a word this
+/// handle shares with the set's actor — no message, no map lookup: when the entry's old tick
+/// comes, the actor sees the later deadline and files the entry again. Moving it earlier,
+/// [`remove`](Self::remove) and [`take`](Self::take) queue a command, as the by-key calls do.
+///
+/// ```
+/// use std::time::Duration;
+/// use futures::StreamExt;
+/// use tokio_wheel::Wheel;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let wheel = Wheel::new();
+/// let (timers, mut expired) = wheel.keyed::<u32, &str>();
+///
+/// // A connection's task owns its timer.
+/// let timer = timers.insert(1, "alice", Duration::from_secs(30));
+/// let connection = tokio::spawn(async move {
+///     for _message in 0..3 {
+///         tokio::time::sleep(Duration::from_secs(10)).await;
+///         timer.reset(Duration::from_secs(30)); // later: no message to the actor
+///     }
+///     timer // the connection keeps its timer until it closes
+/// });
+///
+/// let timer = connection.await.unwrap();
+/// assert_eq!(*timer.key(), 1);
+/// // Silent since 30 s: it expires 30 s later, at 60 s.
+/// let idle = expired.next().await.unwrap();
+/// assert_eq!(idle.deadline(), timer.deadline());
+/// assert_eq!(idle.into_parts(), (1, "alice"));
+///
+/// // Once expired, removed, taken or replaced, the handle is stale: its calls do nothing.
+/// timer.reset(Duration::from_secs(5));
+/// assert_eq!(timer.take().await, None);
+/// # }
+/// ```
+///
+/// # Which entry
+///
+/// The handle and the by-key calls ([`Timers::set`], [`reset`](Timers::reset),
+/// [`remove`](Timers::remove), [`take`](Timers::take)) act on the same entry, and commands from
+/// one task apply in the order they were made, whichever of the two it used. Once the key is
+/// replaced (`set` or `insert` again), removed, taken, drained or expired, or the wheel has
+/// stopped, the handle is stale for good: `reset` and `remove` do nothing, `take` answers
+/// `None`, and [`deadline`](Self::deadline) keeps the deadline the entry had when it went. A
+/// `reset` racing expiry either lands before it (the entry fires at the new deadline) or finds
+/// the entry gone: it fires once, never early.
+///
+/// `Clone + Send`, and `Sync` when `K` is. Each clone holds its own copy of the key; dropping
+/// the handles leaves the entry set.
+pub struct KeyedTimer<K, V> {
+    key: K,
+    /// The key's hash under the set's hasher.
+    hash: u64,
+    word: Arc<DeadlineWord>,
+    set: Arc<Set<K, V>>,
+}
+
+impl<K: Clone, V> Clone for KeyedTimer<K, V> {
+    fn clone(&self) -> Self {
+        KeyedTimer {
+            key: self.key.clone(),
+            hash: self.hash,
+            word: self.word.clone(),
+            set: self.set.clone(),
+        }
+    }
+}
+
+impl<K: fmt::Debug, V> fmt::Debug for KeyedTimer<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (gone, deadline) = self.word.load();
+        f.debug_struct("KeyedTimer")
+            .field("key", &self.key)
+            .field("deadline", &self.set.instant(deadline))
+            .field("stale", &gone)
+            .field("wheel", &self.set.wheel)
+            .finish()
+    }
+}
+
+impl<K, V> KeyedTimer<K, V>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    /// Moves the entry's expiry to `after` from now, earlier or later; nothing if the handle
+    /// is stale. See [`reset_at`](Self::reset_at).
+    pub fn reset(&self, after: Duration) {
+        self.reset_at(deadline_after(after));
+    }
+
+    /// Moves the entry's expiry to `deadline`; nothing if the handle is stale.
+    ///
+    /// A later deadline (the keep-alive case) is one compare-and-swap on the word this handle
+    /// shares with the actor: no message, no lookup. An earlier one is written there too and
+    /// queues a command, so the actor files the entry for it. Either way the move is visible
+    /// at once in [`deadline`](Self::deadline), unless a command on this key (from this task or
+    /// another) is still in flight: then the move queues behind it, so that it is not undone
+    /// by a command made before it.
+    pub fn reset_at(&self, deadline: Instant) {
+        let offset = self.set.offset(deadline);
+        let stripe = Ledger::stripe(self.hash);
+        if self.word.is_quiet() && self.set.ledger.is_quiet(stripe) {
+            if self.word.move_to(offset) == Moved::Earlier {
+                self.send(KeyedCommand::Advance(self.target()), by(offset));
+            }
+        } else if !self.is_stale() {
+            let command = KeyedCommand::Move(Box::new((self.target(), offset)));
+            self.send(command, by(offset));
+        }
+    }
+
+    /// Removes the entry so it does not expire; nothing if the handle is stale.
+    /// Fire-and-forget: use [`take`](Self::take) to know whether it was still there.
+    pub fn remove(&self) {
+        if !self.is_stale() {
+            self.send(KeyedCommand::Forget(self.target()), Urgency::Lazy);
+        }
+    }
+
+    /// Removes the entry and returns its value: `Some` if and only if this handle's entry was
+    /// still set (not expired, removed, taken or replaced). Answers `None` at once when the
+    /// handle is known to be stale.
+    pub async fn take(&self) -> Option<V> {
+        if self.is_stale() {
+            return None;
+        }
         let (reply, answer) = oneshot::channel();
-        self.send(command(reply), Urgency::Now);
+        let command = KeyedCommand::TakeEntry(Box::new((self.target(), reply)));
+        self.send(command, Urgency::Now);
         // A refused command drops `reply`, so this never waits on a stopped wheel.
-        answer.await.ok()
+        answer.await.ok().flatten()
+    }
+
+    fn target(&self) -> Target<K> {
+        let word = Arc::as_ptr(&self.word) as usize;
+        match self.word.id() {
+            Some(id) => Target::Filed { id, word },
+            None => Target::Unfiled(Box::new((self.key.clone(), word))),
+        }
+    }
+
+    /// Queues one of this handle's commands, counted in its word (not in the ledger).
+    fn send(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
+        if !self.set.wheel.shared.is_closed() {
+            self.word.sending();
+            self.set.send(command, Stripe::Uncounted, urgency);
+        }
+    }
+}
+
+impl<K, V> KeyedTimer<K, V> {
+    /// The entry's deadline: the latest this handle (or a by-key call that has reached the
+    /// actor) set. Once the handle is stale, the deadline the entry had when it went — for an
+    /// entry that expired, the deadline it fired for.
+    pub fn deadline(&self) -> Instant {
+        self.set.instant(self.word.load().1)
+    }
+
+    /// The entry's key.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// Whether the entry is known to be gone: expired, removed, taken, replaced or drained
+    /// (as far as the actor has got), or the wheel has stopped. A stale handle's calls do
+    /// nothing. `false` does not promise that the entry is still there: it may go at any
+    /// moment.
+    pub fn is_stale(&self) -> bool {
+        self.word.load().0
     }
 }
 

@@ -101,7 +101,7 @@ pub use error::{BuildError, Elapsed, JobError};
 pub use handle::Wheel;
 pub use interval::Interval;
 pub use job::{JobHandle, Schedule};
-pub use keyed::{Expirations, Expired, Timers};
+pub use keyed::{Expirations, Expired, KeyedTimer, Timers};
 pub use sleep::Sleep;
 pub use stats::Stats;
 pub use stopped::Stopped;

@@ -257,3 +257,25 @@ async fn a_set_no_one_can_observe_stops_and_drops_its_values() {
         "its values were dropped"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_after_the_wheel_cascaded_keeps_the_set_working() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+    timers.set(1, 1, Duration::from_millis(1_500));
+    timers.set(2, 2, secs(3_600));
+    // Key 1 has cascaded from the seconds level down by now (when its second began).
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert!(wheel.stats().cascades > 0);
+    let mut drained = timers.drain().await;
+    drained.sort_unstable();
+    assert_eq!(drained, [(1, 1), (2, 2)]);
+    timers.set(3, 3, secs(1));
+    assert_eq!(expired.next().await.unwrap().into_parts(), (3, 3));
+    settle().await;
+    let stats = wheel.stats();
+    assert_eq!(
+        stats.inserted,
+        stats.fired + stats.cancelled + stats.pending
+    );
+}

@@ -3,7 +3,7 @@
 //! Every command reaches the set's actor through a single-shard inbox, so commands from every
 //! handle apply in the order they were made. The actor keeps each entry once (key, value and
 //! exact deadline, in a table indexed by id) and finds ids by key through hash tables of ids
-//! that compare keys in that table: an entry costs its key and value plus about 30 bytes.
+//! that compare keys in that table: an entry costs its key and value plus about 35 bytes.
 //!
 //! Both structures grow without long pauses, so a flood into a big set never stalls the actor
 //! (and its runtime) for long: entries live in fixed-size chunks (growing never copies them),
@@ -11,8 +11,16 @@
 //!
 //! Postponing is lazy: moving a key's deadline later only rewrites the entry's deadline; when
 //! the old tick comes, the actor files the entry again for the new one.
+//!
+//! An entry made with a handle (`Timers::insert`) keeps its deadline in a [`DeadlineWord`]
+//! shared with the handle, which moves it later with no command at all (see `timer::keyed`).
+//! Such entries are marked [`Due::SHARED`] in the table and their words kept in a side table by
+//! id, so entries without a handle pay nothing for the feature. The actor counts every command
+//! it applies in the set's [`Ledger`], which is how a handle knows it may write its word
+//! without overtaking a command made before.
 
 use std::hash::{BuildHasher, Hash};
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -23,22 +31,67 @@ use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
 use super::{Ctx, Machine};
 use crate::timer::clock::Clock;
+use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved, Stripe};
 use crate::timer::shared::Shared;
 
 /// Entries per chunk of the entry table.
-const CHUNK: usize = 4 * 1024;
+const CHUNK: usize = 1024;
 /// Hash tables the index is split into.
 const INDEX_SHARDS: usize = 64;
 
 /// What a keyed set's handles ask of its actor. Deadlines are signed offsets from the wheel's
 /// origin (negative before it), so an expiration reports the deadline exactly as it was set.
+///
+/// Kept as small as a `set` (a test says so): a flood queues millions of them, so the actor
+/// hashes each key again rather than carry its hash along, and the rarer handle commands box
+/// what does not fit.
 pub(crate) enum KeyedCommand<K, V> {
-    Set { key: K, value: V, deadline: i64 },
-    Reset { key: K, deadline: i64 },
+    Set {
+        key: K,
+        value: V,
+        deadline: i64,
+    },
+    /// `set` that also made a handle: the deadline is in the word.
+    Insert {
+        key: K,
+        value: V,
+        word: Arc<DeadlineWord>,
+    },
+    Reset {
+        key: K,
+        deadline: i64,
+    },
     Remove(K),
     Take(K, oneshot::Sender<Option<V>>),
     Drain(oneshot::Sender<Drained<K, V>>),
     Len(oneshot::Sender<usize>),
+    /// A handle moved its word earlier itself: file the entry for the word's deadline.
+    Advance(Target<K>),
+    /// A handle's move that had to queue behind commands in flight (boxed, as the rarer
+    /// path, to keep every command small).
+    Move(Box<(Target<K>, i64)>),
+    /// A handle's `remove`.
+    Forget(Target<K>),
+    /// A handle's `take` (boxed, to keep every command small).
+    TakeEntry(Box<(Target<K>, oneshot::Sender<Option<V>>)>),
+}
+
+/// The entry a handle's command is for: where the actor filed it (the id the actor wrote into
+/// the word when it applied the `Insert`), or — for a command made before that — its key; and
+/// the address of the handle's word. The address is compared with the word of the live entry
+/// there, never dereferenced, so the command holds no reference to the word and the actor
+/// never takes the handle's cache line away to check it.
+///
+/// Equal addresses mean the same word: the sender holds its word alive when it sends, and the
+/// live entry's word was allocated before its `Insert` was sent — so before this command —
+/// and lives as long as the entry; two words alive at the same moment never share an address.
+pub(crate) enum Target<K> {
+    Filed {
+        id: u32,
+        word: usize,
+    },
+    /// Boxed: rare (only before the `Insert` is applied), and commands stay small.
+    Unfiled(Box<(K, usize)>),
 }
 
 /// What a set's actor sends its `Expirations` stream.
@@ -62,8 +115,31 @@ pub(crate) struct Expiry<K, V> {
 struct Entry<K, V> {
     key: K,
     value: V,
-    /// Signed offset from the wheel's origin.
-    deadline: i64,
+    due: Due,
+}
+
+/// An entry's deadline as the table keeps it: its own signed offset from the wheel's origin,
+/// or [`SHARED`](Due::SHARED) — its handle's shared word holds it. Never zero, so an `Option<Entry>`
+/// slot needs no tag: for `u64` keys and values a slot is 24 bytes, not 32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Due(NonZeroU64);
+
+impl Due {
+    /// The deadline is in the entry's shared word.
+    const SHARED: Due = Due(NonZeroU64::MIN);
+
+    /// An entry's own deadline. Offsets flip their sign bit, so `i64::MIN` would be zero and
+    /// `i64::MIN + 1` is [`SHARED`](Due::SHARED): deadlines that far (292 years) before the
+    /// origin are due at once anyway, and saturate.
+    fn own(deadline: i64) -> Due {
+        let flipped = (deadline.max(i64::MIN + 2) as u64) ^ (1 << 63);
+        Due(NonZeroU64::new(flipped).expect("never zero"))
+    }
+
+    /// The entry's own deadline, unless its shared word holds it.
+    fn deadline(self) -> Option<i64> {
+        (self != Due::SHARED).then(|| (self.0.get() ^ (1 << 63)) as i64)
+    }
 }
 
 /// Every entry of a set, taken out at once (a drain, or the shutdown flush). The actor hands
@@ -102,7 +178,9 @@ impl<K, V> Iterator for Drained<K, V> {
             if let Some(slot) = self.current.next() {
                 if let Some(entry) = slot {
                     self.left -= 1;
-                    return Some((entry.key, entry.value, entry.deadline));
+                    // Every shared deadline was written back before the table was handed over.
+                    let deadline = entry.due.deadline().expect("an own deadline");
+                    return Some((entry.key, entry.value, deadline));
                 }
                 continue;
             }
@@ -189,6 +267,82 @@ impl<K, V> Entries<K, V> {
     }
 }
 
+/// The shared words of entries made with a handle, by id, in [`CHUNK`]-sized chunks allocated
+/// only for id ranges that hold such an entry: a set without handles pays nothing, one with a
+/// handle on every entry 8 bytes per entry, and a handle's command finds its word with no hash
+/// lookup (a hash table of 10^5 words outgrew the cache and cost a miss per command).
+struct Words {
+    /// `None` for id ranges without a handle's entry.
+    chunks: Vec<Option<WordChunk>>,
+    len: usize,
+}
+
+/// [`CHUNK`] words; `None` for ids without a handle's entry.
+type WordChunk = Box<[Option<Arc<DeadlineWord>>]>;
+
+impl Words {
+    fn new() -> Self {
+        Words {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<&Arc<DeadlineWord>> {
+        let chunk = self.chunks.get(id as usize / CHUNK)?.as_ref()?;
+        chunk[id as usize % CHUNK].as_ref()
+    }
+
+    /// The word of entry `id`, which is marked [`Due::SHARED`].
+    fn of(&self, id: u32) -> &Arc<DeadlineWord> {
+        self.get(id).expect("a shared entry has a word")
+    }
+
+    fn insert(&mut self, id: u32, word: Arc<DeadlineWord>) {
+        let (chunk, slot) = (id as usize / CHUNK, id as usize % CHUNK);
+        if self.chunks.len() <= chunk {
+            self.chunks.resize_with(chunk + 1, || None);
+        }
+        let chunk = self.chunks[chunk].get_or_insert_with(|| (0..CHUNK).map(|_| None).collect());
+        if chunk[slot].replace(word).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, id: u32) -> Option<Arc<DeadlineWord>> {
+        let chunk = self.chunks.get_mut(id as usize / CHUNK)?.as_mut()?;
+        let word = chunk[id as usize % CHUNK].take()?;
+        self.len -= 1;
+        Some(word)
+    }
+
+    /// Takes every word out, with its id; the chunks are given back.
+    fn drain(&mut self) -> impl Iterator<Item = (u32, Arc<DeadlineWord>)> {
+        self.len = 0;
+        std::mem::take(&mut self.chunks)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(chunk, words)| Some((chunk, words?)))
+            .flat_map(|(chunk, words)| {
+                words
+                    .into_vec()
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(move |(slot, word)| Some(((chunk * CHUNK + slot) as u32, word?)))
+            })
+    }
+
+    fn holds_memory(&self) -> bool {
+        !self.chunks.is_empty()
+    }
+
+    fn release_if_empty(&mut self) {
+        if self.len == 0 {
+            *self = Words::new();
+        }
+    }
+}
+
 /// Ids by key, in [`INDEX_SHARDS`] hash tables chosen by hash bits the tables themselves do not
 /// use for placement.
 struct Index {
@@ -236,7 +390,15 @@ pub(crate) struct KeyedMachine<K, V> {
     entries: Entries<K, V>,
     /// Ids by key. Only the live entry of a key is indexed.
     index: Index,
+    /// The words of entries made with a handle: exactly the entries marked [`Due::SHARED`].
+    words: Words,
+    /// Ids the timeline has room for: it grows with the table, by at most an eighth at a time
+    /// (not by doubling), so its 20 bytes per entry stay close to 20.
+    reserved: usize,
+    /// The set's hasher, shared with its senders (who hash keys to count commands in the
+    /// ledger's stripes).
     hasher: foldhash::fast::RandomState,
+    ledger: Arc<Ledger>,
     expirations: mpsc::UnboundedSender<Delivery<K, V>>,
 }
 
@@ -245,24 +407,30 @@ where
     K: Eq + Hash + Send + 'static,
     V: Send + 'static,
 {
+    /// `hasher` and `ledger` are shared with the set's handles, which count each command they
+    /// send in the stripe of its key's hash.
     pub(crate) fn new(
         levels: &[u32],
         clock: Clock,
         expirations: mpsc::UnboundedSender<Delivery<K, V>>,
+        hasher: foldhash::fast::RandomState,
+        ledger: Arc<Ledger>,
     ) -> Self {
         KeyedMachine {
             timeline: Timeline::new(levels, clock),
             entries: Entries::new(),
             index: Index::new(),
-            // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
-            hasher: foldhash::fast::RandomState::default(),
+            words: Words::new(),
+            reserved: 0,
+            hasher,
+            ledger,
             expirations,
         }
     }
 
-    fn find(&self, key: &K) -> Option<u32> {
+    fn find(&self, key: &K, hash: u64) -> Option<u32> {
         let entries = &self.entries;
-        self.index.find(self.hasher.hash_one(key), |&id| {
+        self.index.find(hash, |&id| {
             entries
                 .slot(id)
                 .as_ref()
@@ -270,39 +438,85 @@ where
         })
     }
 
-    fn insert(&mut self, key: K, value: V, deadline: i64) {
-        let hash = self.hasher.hash_one(&key);
-        let id = self.entries.insert(Entry {
-            key,
-            value,
-            deadline,
-        });
+    /// Files a new entry for `key` (not indexed yet) with `hash` = its hash.
+    fn insert(&mut self, key: K, value: V, due: Due, hash: u64, deadline: i64) -> u32 {
+        let id = self.entries.insert(Entry { key, value, due });
+        // Rehashing on growth needs every key's hash: the index keeps only ids.
         let (entries, hasher) = (&self.entries, &self.hasher);
         self.index
             .insert(hash, id, |&id| hasher.hash_one(&entries.get(id).key));
+        if id as usize >= self.reserved {
+            self.reserved = (self.reserved + self.reserved / 8)
+                .max(id as usize + 1)
+                .next_multiple_of(CHUNK);
+            self.timeline.reserve_ids(self.reserved);
+        }
         self.timeline.file(id, due_at(deadline));
+        id
     }
 
-    /// Takes entry `id` out of the index and the table (not the timeline).
-    fn forget(&mut self, id: u32) -> Entry<K, V> {
+    /// Entry `id` is gone: its shared word (if any) is retired. Returns the deadline it had.
+    fn retire(&mut self, id: u32) -> Option<i64> {
+        let entry = self.entries.get(id);
+        if entry.due == Due::SHARED {
+            let word = self.words.remove(id).expect("a shared entry has a word");
+            Some(word.retire())
+        } else {
+            entry.due.deadline()
+        }
+    }
+
+    /// Takes entry `id` out of the index and the table (not the timeline), retiring its word.
+    /// Returns it with its deadline.
+    fn forget(&mut self, id: u32, hash: u64) -> (Entry<K, V>, i64) {
+        let deadline = self.retire(id).expect("a deadline");
         let entry = self.entries.remove(id);
-        self.index.remove(self.hasher.hash_one(&entry.key), id);
-        entry
+        self.index.remove(hash, id);
+        (entry, deadline)
     }
 
-    fn remove(&mut self, key: &K, ctx: &mut Ctx<'_>) -> Option<V> {
-        let id = self.find(key)?;
+    fn remove(&mut self, id: u32, hash: u64, ctx: &mut Ctx<'_>) -> V {
         self.timeline.unfile(id);
         ctx.delta.cancelled += 1;
-        Some(self.forget(id).value)
+        self.forget(id, hash).0.value
     }
 
-    fn deliver(&self, entry: Entry<K, V>, shared: &Shared) {
-        let Entry {
-            key,
-            value,
-            deadline,
-        } = entry;
+    /// The id of a handle's entry, if it is still live (not fired, removed, taken, replaced or
+    /// drained since).
+    fn live(&self, target: &Target<K>) -> Option<u32> {
+        let (id, address) = match target {
+            Target::Filed { id, word } => (*id, *word),
+            Target::Unfiled(unfiled) => {
+                let (key, word) = &**unfiled;
+                (self.find(key, self.hasher.hash_one(key))?, *word)
+            }
+        };
+        self.words
+            .get(id)
+            .is_some_and(|word| Arc::as_ptr(word) as usize == address)
+            .then_some(id)
+    }
+
+    /// Removes live entry `id`, which a handle named.
+    fn remove_by_id(&mut self, id: u32, ctx: &mut Ctx<'_>) -> V {
+        let hash = self.hasher.hash_one(&self.entries.get(id).key);
+        self.remove(id, hash, ctx)
+    }
+
+    /// Sets entry `id`'s deadline (wherever it lives) and files it earlier if need be.
+    fn move_entry(&mut self, id: u32, deadline: i64) {
+        let entry = self.entries.get_mut(id);
+        if entry.due == Due::SHARED {
+            let moved = self.words.of(id).move_to(deadline);
+            debug_assert_ne!(moved, Moved::Gone, "only the actor retires a word");
+        } else {
+            entry.due = Due::own(deadline);
+        }
+        self.timeline.advance_to(id, due_at(deadline));
+    }
+
+    fn deliver(&self, entry: Entry<K, V>, deadline: i64, shared: &Shared) {
+        let Entry { key, value, .. } = entry;
         let expiry = Expiry {
             key,
             value,
@@ -317,11 +531,138 @@ where
         }
     }
 
-    /// Takes every entry out at once: the index and the wheel start afresh.
+    /// Takes every entry out at once: the index and the wheel start afresh. Each handle's
+    /// word is retired and its deadline written back into the table, so the receiver needs
+    /// no word (this is the one step that costs time per handle, not per entry).
     fn take_everything(&mut self) -> Drained<K, V> {
+        for (id, word) in self.words.drain() {
+            let deadline = word.retire();
+            let slot = &mut self.entries.chunks[id as usize / CHUNK][id as usize % CHUNK];
+            slot.as_mut().expect("a live entry").due = Due::own(deadline);
+        }
         self.index = Index::new();
         self.timeline.forget_all();
+        self.reserved = 0;
         Drained::new(std::mem::replace(&mut self.entries, Entries::new()))
+    }
+
+    /// Applies `command`; returns the ledger stripe it counts in (a by-key command's).
+    fn apply_one(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) -> Stripe {
+        let hash = |key: &K| self.hasher.hash_one(key);
+        let stripe = |hash: u64| Stripe::One(Ledger::stripe(hash));
+        match command {
+            KeyedCommand::Set {
+                key,
+                value,
+                deadline,
+            } => {
+                let hash = hash(&key);
+                self.set(key, value, Due::own(deadline), deadline, hash, ctx);
+                stripe(hash)
+            }
+            KeyedCommand::Insert { key, value, word } => {
+                let hash = hash(&key);
+                // No handle writes the word before this is applied: the ledger holds them off.
+                let deadline = word.load().1;
+                let id = self.set(key, value, Due::SHARED, deadline, hash, ctx);
+                // Written once, read by the handles: their commands name the entry by it.
+                word.filed_as(id);
+                self.words.insert(id, word);
+                stripe(hash)
+            }
+            KeyedCommand::Reset { key, deadline } => {
+                let hash = hash(&key);
+                if let Some(id) = self.find(&key, hash) {
+                    self.move_entry(id, deadline);
+                    ctx.delta.rescheduled += 1;
+                }
+                stripe(hash)
+            }
+            KeyedCommand::Remove(key) => {
+                let hash = hash(&key);
+                if let Some(id) = self.find(&key, hash) {
+                    self.remove(id, hash, ctx);
+                }
+                stripe(hash)
+            }
+            KeyedCommand::Take(key, reply) => {
+                let hash = hash(&key);
+                let value = self.find(&key, hash).map(|id| self.remove(id, hash, ctx));
+                let _ = reply.send(value);
+                stripe(hash)
+            }
+            KeyedCommand::Drain(reply) => {
+                let drained = self.take_everything();
+                ctx.delta.cancelled += drained.len() as u64;
+                let _ = reply.send(drained);
+                Stripe::Every
+            }
+            KeyedCommand::Len(reply) => {
+                let _ = reply.send(self.index.len);
+                Stripe::Uncounted
+            }
+            // A handle's own commands count in its word, not in the ledger: counted down
+            // once applied to a live entry (a gone entry's word refuses every move anyway).
+            KeyedCommand::Advance(target) => {
+                if let Some(id) = self.live(&target) {
+                    // Should it move again meanwhile, later, the entry's tick finds out.
+                    let word = self.words.of(id);
+                    let deadline = word.load().1;
+                    self.timeline.advance_to(id, due_at(deadline));
+                    word.applied();
+                    ctx.delta.rescheduled += 1;
+                }
+                Stripe::Uncounted
+            }
+            KeyedCommand::Move(moved) => {
+                let (target, deadline) = *moved;
+                if let Some(id) = self.live(&target) {
+                    self.move_entry(id, deadline);
+                    self.words.of(id).applied();
+                    ctx.delta.rescheduled += 1;
+                }
+                Stripe::Uncounted
+            }
+            KeyedCommand::Forget(target) => {
+                if let Some(id) = self.live(&target) {
+                    self.remove_by_id(id, ctx);
+                }
+                Stripe::Uncounted
+            }
+            KeyedCommand::TakeEntry(taken) => {
+                let (target, reply) = *taken;
+                let value = self.live(&target).map(|id| self.remove_by_id(id, ctx));
+                let _ = reply.send(value);
+                Stripe::Uncounted
+            }
+        }
+    }
+
+    /// Sets `key` to `value`, due as `due` says (at `deadline`): replaces the entry if the key
+    /// is set (retiring its word, if it had one), else files a new one. Returns its id.
+    fn set(
+        &mut self,
+        key: K,
+        value: V,
+        due: Due,
+        deadline: i64,
+        hash: u64,
+        ctx: &mut Ctx<'_>,
+    ) -> u32 {
+        ctx.delta.inserted += 1;
+        match self.find(&key, hash) {
+            Some(id) => {
+                // Replaced: the old entry counts as cancelled, the new as inserted.
+                ctx.delta.cancelled += 1;
+                self.retire(id);
+                let entry = self.entries.get_mut(id);
+                entry.value = value;
+                entry.due = due;
+                self.timeline.file(id, due_at(deadline));
+                id
+            }
+            None => self.insert(key, value, due, hash, deadline),
+        }
     }
 }
 
@@ -333,65 +674,36 @@ where
     type Command = KeyedCommand<K, V>;
 
     fn apply(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
-        match command {
-            KeyedCommand::Set {
-                key,
-                value,
-                deadline,
-            } => {
-                ctx.delta.inserted += 1;
-                match self.find(&key) {
-                    Some(id) => {
-                        // Replaced: the old entry counts as cancelled, the new as inserted.
-                        ctx.delta.cancelled += 1;
-                        let entry = self.entries.get_mut(id);
-                        entry.value = value;
-                        entry.deadline = deadline;
-                        self.timeline.file(id, due_at(deadline));
-                    }
-                    None => self.insert(key, value, deadline),
-                }
-            }
-            KeyedCommand::Reset { key, deadline } => {
-                if let Some(id) = self.find(&key) {
-                    self.entries.get_mut(id).deadline = deadline;
-                    self.timeline.advance_to(id, due_at(deadline));
-                    ctx.delta.rescheduled += 1;
-                }
-            }
-            KeyedCommand::Remove(key) => {
-                self.remove(&key, ctx);
-            }
-            KeyedCommand::Take(key, reply) => {
-                let _ = reply.send(self.remove(&key, ctx));
-            }
-            KeyedCommand::Drain(reply) => {
-                let drained = self.take_everything();
-                ctx.delta.cancelled += drained.len() as u64;
-                let _ = reply.send(drained);
-            }
-            KeyedCommand::Len(reply) => {
-                let _ = reply.send(self.index.len);
-            }
-        }
+        let stripe = self.apply_one(command, ctx);
+        self.ledger.applied_in(stripe);
     }
 
     fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
         let mut due = Vec::new();
-        let entries = &self.entries;
+        let (entries, words) = (&self.entries, &self.words);
         let shown = self.timeline.expire(now, budget, |id, limit| {
-            let deadline = due_at(entries.get(id).deadline);
-            if deadline <= limit {
-                due.push(id);
-                Verdict::Done
-            } else {
-                Verdict::Later(deadline)
+            match entries.get(id).due.deadline() {
+                Some(deadline) if due_at(deadline) <= limit => {
+                    due.push((id, deadline));
+                    Verdict::Done
+                }
+                Some(deadline) => Verdict::Later(due_at(deadline)),
+                // The handle may be moving it right now: one compare-and-swap decides.
+                None => match words.of(id).on_due(limit.min(i64::MAX as u64) as i64) {
+                    word::Due::Fire(deadline) => {
+                        due.push((id, deadline));
+                        Verdict::Done
+                    }
+                    word::Due::Later(deadline) => Verdict::Later(due_at(deadline)),
+                },
             }
         });
-        for id in due {
-            let entry = self.forget(id);
-            ctx.delta.record_fire(due_at(entry.deadline), now);
-            self.deliver(entry, ctx.shared);
+        for (id, deadline) in due {
+            let hash = self.hasher.hash_one(&self.entries.get(id).key);
+            // A fired entry's word is gone already: retiring it again changes nothing.
+            let (entry, _) = self.forget(id, hash);
+            ctx.delta.record_fire(due_at(deadline), now);
+            self.deliver(entry, deadline, ctx.shared);
         }
         shown
     }
@@ -418,7 +730,7 @@ where
                 .expirations_backlog
                 .fetch_add(flushed, Ordering::Relaxed);
         }
-        // Handed over whole, in O(1): nothing is left to resolve.
+        // Handed over whole, in O(1) per entry without a handle: nothing is left to resolve.
         0
     }
 
@@ -429,13 +741,43 @@ where
     }
 
     fn holds_memory(&self, _shared: &Shared) -> bool {
-        self.entries.high > 0 || self.index.shards.iter().any(|shard| shard.capacity() > 0)
+        self.entries.high > 0
+            || self.words.holds_memory()
+            || self.index.shards.iter().any(|shard| shard.capacity() > 0)
     }
 
     fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) -> bool {
         self.entries.release_if_empty();
         self.index.release_if_empty();
+        self.words.release_if_empty();
         self.timeline.shrink(0, CHUNK);
+        self.reserved = self.reserved.min(CHUNK);
         true
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_and_entries_stay_small() {
+        // A flood queues millions of commands: one byte more per command and 2^20 of them
+        // outgrow glibc's 32 MiB mmap ceiling, so every flood page-faults afresh.
+        assert_eq!(size_of::<KeyedCommand<u64, u64>>(), 32);
+        assert_eq!(size_of::<KeyedCommand<u64, ()>>(), 24);
+        assert_eq!(size_of::<KeyedCommand<String, ()>>(), 40);
+        // The deadline's niche makes the free-slot marker cost nothing.
+        assert_eq!(size_of::<Option<Entry<u64, u64>>>(), 24);
+    }
+
+    #[test]
+    fn own_deadlines_round_trip_and_never_read_as_shared() {
+        for deadline in [0, 1, -1, i64::MAX, i64::MIN + 2] {
+            assert_eq!(Due::own(deadline).deadline(), Some(deadline));
+        }
+        assert_eq!(Due::own(i64::MIN).deadline(), Some(i64::MIN + 2));
+        assert_eq!(Due::own(i64::MIN + 1).deadline(), Some(i64::MIN + 2));
+        assert_eq!(Due::SHARED.deadline(), None);
     }
 }

@@ -34,6 +34,9 @@ pub(crate) struct Timeline {
     levels: Box<[u32]>,
     /// Timers filed again because their deadline had moved later than their tick.
     refiled: u64,
+    /// Cascades made by cascades given back whole ([`forget_all`](Self::forget_all)): the
+    /// count is cumulative, and the actor reports it as a difference.
+    forgotten_cascades: u64,
     /// The earliest exact deadline among the parked timers (a lower bound: a parked timer
     /// that left early may have set it).
     parked_min: u64,
@@ -46,6 +49,7 @@ impl Timeline {
             clock,
             levels: levels.into(),
             refiled: 0,
+            forgotten_cascades: 0,
             parked_min: NEVER,
         }
     }
@@ -59,7 +63,7 @@ impl Timeline {
     /// because their deadline had moved later.
     pub(crate) fn moves(&self) -> Moves {
         Moves {
-            cascades: self.cascade.cascades(),
+            cascades: self.forgotten_cascades + self.cascade.cascades(),
             refiled: self.refiled,
         }
     }
@@ -105,6 +109,7 @@ impl Timeline {
     /// one given back whole. For an owner that hands all its timers away together.
     pub(crate) fn forget_all(&mut self) {
         let now = self.cascade.now();
+        self.forgotten_cascades += self.cascade.cascades();
         self.cascade = Cascade::new(&self.levels);
         self.cascade.advance_to(now);
         self.parked_min = NEVER;

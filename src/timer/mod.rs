@@ -4,6 +4,7 @@
 
 pub(crate) mod clock;
 pub(crate) mod counters;
+pub(crate) mod keyed;
 pub(crate) mod pool;
 pub(crate) mod shared;
 pub(crate) mod state;

@@ -302,12 +302,12 @@ fn main() {
     plan("schedule", sizes.len() * runs * 5);
     plan("ready", sizes.len() * runs * 3);
     plan("timeouts", sizes.len() * runs * 3);
-    plan("postpone", sizes.len() * 2 * runs * 6);
+    plan("postpone", sizes.len() * 2 * runs * 7);
     plan("keyed", sizes.len() * runs * 3);
     plan("churn", sizes.len() * runs * 3);
     plan("producers", producer_counts.len() * runs * 5);
     plan("fire", sizes.len() * 6);
-    plan("memory", memory_sizes.len() * 7);
+    plan("memory", memory_sizes.len() * 8);
     if run_idle {
         total += 4;
     }
@@ -537,6 +537,11 @@ fn main() {
                     progress.step(&what);
                     let keyed =
                         on_worker(&runtime, postpone_keyed(set.timers.clone(), n, rounds, how));
+                    progress.step(&what);
+                    let handles = on_worker(
+                        &runtime,
+                        postpone_keyed_handle(set.timers.clone(), n, rounds, how),
+                    );
                     if rep == 0 {
                         continue;
                     }
@@ -546,6 +551,11 @@ fn main() {
                     postpone.add(&row, "kestrel-timer postpone", ns_per(kestrel, moves));
                     postpone.add(&row, "tokio-wheel Sleep::reset", ns_per(sleeps, moves));
                     postpone.add(&row, "tokio-wheel Timers::reset", ns_per(keyed, moves));
+                    postpone.add(
+                        &row,
+                        "tokio-wheel KeyedTimer::reset",
+                        ns_per(handles, moves),
+                    );
                 }
             }
         }
@@ -793,6 +803,15 @@ fn main() {
             drop(held);
             shutdown(&runtime, w);
             memory.add(&label, "tokio-wheel keyed entry", b);
+            progress.step(&format!("memory n={n} tokio-wheel keyed entry + handle"));
+            let w = new_wheel();
+            let (b, held) = on_worker(&runtime, {
+                let w = w.clone();
+                bytes_per_timer(n, move |n| hold_keyed_handles(w, n))
+            });
+            drop(held);
+            shutdown(&runtime, w);
+            memory.add(&label, "tokio-wheel keyed entry + handle", b);
         }
     }
     eprintln!();

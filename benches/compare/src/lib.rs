@@ -57,7 +57,7 @@ use kestrel_timer::{CompletionReceiver, TaskCompletion, TimerHandleWithCompletio
 use tokio::time::Instant;
 use tokio_util::time::DelayQueue;
 use tokio_util::time::delay_queue::Key as DelayKey;
-use tokio_wheel::{Expirations, Timers, Wheel};
+use tokio_wheel::{Expirations, KeyedTimer, Timers, Wheel};
 
 /// A cheap, repeatable generator: benchmarks need spread, not quality.
 pub struct Rng(pub u64);
@@ -476,6 +476,34 @@ pub async fn postpone_keyed(timers: Timers<u64, ()>, n: usize, rounds: u32, how:
     for round in 1..=rounds {
         for (key, &base) in bases.iter().enumerate() {
             timers.reset_at(&(key as u64), how.deadline(base, round));
+        }
+    }
+    assert_eq!(timers.len().await, n);
+    let elapsed = start.elapsed();
+    assert_eq!(timers.drain().await.len(), n);
+    elapsed
+}
+
+/// `KeyedTimer::reset_at` on the handles of n keyed entries (made by `Timers::insert_at`),
+/// `rounds` times each, then a `len()` barrier: the connection-task pattern, where each task
+/// holds its own entry's handle.
+pub async fn postpone_keyed_handle(
+    timers: Timers<u64, ()>,
+    n: usize,
+    rounds: u32,
+    how: Move,
+) -> Duration {
+    let bases = postpone_bases(n);
+    let handles: Vec<KeyedTimer<u64, ()>> = bases
+        .iter()
+        .enumerate()
+        .map(|(key, &base)| timers.insert_at(key as u64, (), base))
+        .collect();
+    assert_eq!(timers.len().await, n);
+    let start = Instant::now();
+    for round in 1..=rounds {
+        for (handle, &base) in handles.iter().zip(&bases) {
+            handle.reset_at(how.deadline(base, round));
         }
     }
     assert_eq!(timers.len().await, n);
@@ -994,6 +1022,26 @@ pub async fn hold_keyed(
     }
     assert_eq!(timers.len().await, n);
     (timers, expired)
+}
+
+/// n keyed entries made by `Timers::insert`, each with its handle held (the handle's own
+/// bytes count: the caller holds them).
+pub async fn hold_keyed_handles(
+    wheel: Wheel,
+    n: usize,
+) -> (
+    tokio_wheel::Timers<u64, u64>,
+    tokio_wheel::Expirations<u64, u64>,
+    Vec<KeyedTimer<u64, u64>>,
+) {
+    let (timers, expired) = wheel.keyed::<u64, u64>();
+    let handles = memory_delays(n)
+        .into_iter()
+        .enumerate()
+        .map(|(key, delay)| timers.insert(key as u64, key as u64, delay))
+        .collect();
+    assert_eq!(timers.len().await, n);
+    (timers, expired, handles)
 }
 
 pub async fn hold_delay_queue(n: usize) -> (DelayQueue<u64>, Vec<DelayKey>) {

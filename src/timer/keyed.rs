@@ -1,0 +1,467 @@
+//! What a keyed entry's handle shares with its set's actor: the entry's deadline word, and the
+//! set's ledger of commands in flight.
+//!
+//! An entry made by `Timers::insert` keeps its deadline in a [`DeadlineWord`] that its
+//! `KeyedTimer` handles and the actor share, so a handle moves the deadline later with one
+//! compare-and-swap and no message: when the entry's old tick comes, the actor reads the word,
+//! sees the later deadline and files the entry again (the lazy postpone of a `Sleep`). The word
+//! packs a "gone" bit (set once, by the actor, when the entry fires or is removed, taken,
+//! replaced, drained or flushed) with the signed deadline, so a handle's move and the actor's
+//! decision to fire agree on one compare-and-swap: either the actor sees the new deadline, or
+//! the handle sees the entry gone and does nothing. A reset racing expiry fires once, never
+//! early.
+//!
+//! A handle may store into the word only if no command that could still write the same entry
+//! is in flight — commands apply in the order they were made, and a by-key `reset` queued
+//! before the handle's store must not overwrite it when it lands. Two counts say so: the word
+//! counts its handles' own commands in flight, and the set's [`Ledger`] counts by-key commands
+//! sent and applied per stripe of key hashes (by-key senders cannot find the word). A handle
+//! whose word and stripe have nothing in flight stores; otherwise it sends its move as a
+//! command, behind the others.
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Set once the entry is gone.
+const GONE: u64 = 1 << 63;
+/// The deadline range a word holds: ±2^62 ns (146 years) around the wheel's origin. Keyed
+/// deadlines never pass [`NEVER`](super::clock::NEVER) = 2^61 − 1; earlier ones saturate.
+const MIN_DEADLINE: i64 = -(1 << 62);
+const MAX_DEADLINE: i64 = (1 << 62) - 1;
+
+fn pack(gone: bool, deadline: i64) -> u64 {
+    let biased = (deadline.clamp(MIN_DEADLINE, MAX_DEADLINE) - MIN_DEADLINE) as u64;
+    if gone { GONE | biased } else { biased }
+}
+
+fn unpack(word: u64) -> (bool, i64) {
+    (word & GONE != 0, (word & !GONE) as i64 + MIN_DEADLINE)
+}
+
+/// What a handle's move did to the word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Moved {
+    /// The deadline is now later than (or as late as) it was: nothing else to do.
+    Later,
+    /// The deadline is now earlier: the actor may have the entry filed too late and must be
+    /// told.
+    Earlier,
+    /// The entry is gone: nothing changed.
+    Gone,
+}
+
+/// What the actor found when an entry's tick came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Due by then: the word is gone now, and this was the deadline it fired for.
+    Fire(i64),
+    /// Moved later, to this deadline: file it again.
+    Later(i64),
+}
+
+/// An entry's deadline (a signed nanosecond offset from the wheel's origin) and whether the
+/// entry is gone; plus how many commands its handles have sent that the actor has not applied.
+#[derive(Debug)]
+pub(crate) struct DeadlineWord {
+    word: AtomicU64,
+    /// The handles' own commands in flight. Handles count up before queueing one; the actor
+    /// counts down once it has applied it — if the entry is still live: a gone entry's word
+    /// refuses every move anyway.
+    in_flight: AtomicU32,
+    /// Where the actor filed the entry ([`UNFILED`] until it applies the insert): handles name
+    /// the entry by it. Written once, by the actor.
+    id: AtomicU32,
+}
+
+/// The id of an entry the actor has not filed yet.
+pub(crate) const UNFILED: u32 = u32::MAX;
+
+impl DeadlineWord {
+    /// A live entry's word.
+    pub(crate) fn new(deadline: i64) -> Self {
+        DeadlineWord {
+            word: AtomicU64::new(pack(false, deadline)),
+            in_flight: AtomicU32::new(0),
+            id: AtomicU32::new(UNFILED),
+        }
+    }
+
+    /// The actor: the entry is filed as `id`.
+    pub(crate) fn filed_as(&self, id: u32) {
+        self.id.store(id, Ordering::Relaxed);
+    }
+
+    /// Where the actor filed the entry, if it has yet.
+    pub(crate) fn id(&self) -> Option<u32> {
+        Some(self.id.load(Ordering::Relaxed)).filter(|&id| id != UNFILED)
+    }
+
+    /// A handle is about to queue a command for this entry.
+    pub(crate) fn sending(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The actor applied a handle's command for this live entry; what it did to the word is
+    /// published with the count.
+    pub(crate) fn applied(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Whether every command this entry's handles sent has been applied (and its effect on
+    /// the word is visible to the caller).
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether the entry is gone, and its deadline (for a gone entry: the one it had when it
+    /// went).
+    pub(crate) fn load(&self) -> (bool, i64) {
+        unpack(self.word.load(Ordering::Acquire))
+    }
+
+    /// Sets the deadline of a live entry, from the handle or (for a by-key or queued move) the
+    /// actor. One compare-and-swap, uncontended unless the actor is deciding this very entry.
+    pub(crate) fn move_to(&self, deadline: i64) -> Moved {
+        let new = pack(false, deadline);
+        let mut current = self.word.load(Ordering::Acquire);
+        loop {
+            let (gone, old) = unpack(current);
+            if gone {
+                return Moved::Gone;
+            }
+            if current == new {
+                return Moved::Later;
+            }
+            match self
+                .word
+                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) if deadline < old => return Moved::Earlier,
+                Ok(_) => return Moved::Later,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// The actor: the entry's tick came, and everything due by `limit` may fire. Marks the
+    /// word gone if it fires.
+    pub(crate) fn on_due(&self, limit: i64) -> Due {
+        let mut current = self.word.load(Ordering::Acquire);
+        loop {
+            let (gone, deadline) = unpack(current);
+            debug_assert!(
+                !gone,
+                "only the actor retires a word, and it unfiles it then"
+            );
+            if deadline > limit {
+                return Due::Later(deadline);
+            }
+            match self.word.compare_exchange_weak(
+                current,
+                current | GONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Due::Fire(deadline),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// The actor: the entry is gone (removed, taken, replaced, drained or flushed). Returns
+    /// the deadline it had.
+    pub(crate) fn retire(&self) -> i64 {
+        unpack(self.word.fetch_or(GONE, Ordering::AcqRel)).1
+    }
+}
+
+/// Stripes of key hashes the ledger counts separately: commands on other keys rarely hold a
+/// handle's fast path up.
+#[cfg(not(loom))]
+const STRIPES: usize = 256;
+#[cfg(loom)]
+const STRIPES: usize = 2;
+
+/// Where a command counts in the [`Ledger`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stripe {
+    /// The stripe of its key.
+    One(usize),
+    /// Every stripe (a drain).
+    Every,
+    /// None (a `len`, which changes nothing).
+    Uncounted,
+}
+
+/// By-key commands sent and applied, per stripe of key hashes. A command counts in its key's
+/// stripe (a drain in every stripe) before it is queued, and the actor counts it once applied:
+/// a stripe whose counts agree has nothing in flight, so a handle (whose own commands its word
+/// counts) may write its entry's word directly without overtaking a command made before.
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    /// Written by senders.
+    sent: Box<[AtomicU32]>,
+    /// Written by the actor only (on other cache lines than `sent`).
+    applied: Box<[AtomicU32]>,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        let stripes = || (0..STRIPES).map(|_| AtomicU32::new(0)).collect();
+        Ledger {
+            sent: stripes(),
+            applied: stripes(),
+        }
+    }
+}
+
+impl Ledger {
+    /// The stripe of a key's hash (bits that neither the index's shard choice nor its
+    /// tables' placement lean on most).
+    pub(crate) fn stripe(hash: u64) -> usize {
+        (hash >> 48) as usize % STRIPES
+    }
+
+    /// A command on a key of `stripe` is about to be queued. Counted first, so the actor can
+    /// never have applied more than was counted.
+    pub(crate) fn sending(&self, stripe: usize) {
+        self.sent[stripe].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A command on every key is about to be queued.
+    pub(crate) fn sending_everywhere(&self) {
+        for sent in self.sent.iter() {
+            sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The actor applied a command on a key of `stripe`; what it did to words is published
+    /// with the count.
+    pub(crate) fn applied(&self, stripe: usize) {
+        let applied = &self.applied[stripe];
+        applied.store(
+            applied.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Release,
+        );
+    }
+
+    /// The actor applied a command on every key.
+    pub(crate) fn applied_everywhere(&self) {
+        for stripe in 0..STRIPES {
+            self.applied(stripe);
+        }
+    }
+
+    /// A command counted in `stripe` is about to be queued.
+    pub(crate) fn sending_in(&self, stripe: Stripe) {
+        match stripe {
+            Stripe::One(stripe) => self.sending(stripe),
+            Stripe::Every => self.sending_everywhere(),
+            Stripe::Uncounted => {}
+        }
+    }
+
+    /// The actor applied a command counted in `stripe`.
+    pub(crate) fn applied_in(&self, stripe: Stripe) {
+        match stripe {
+            Stripe::One(stripe) => self.applied(stripe),
+            Stripe::Every => self.applied_everywhere(),
+            Stripe::Uncounted => {}
+        }
+    }
+
+    /// Whether every command counted in `stripe` so far has been applied (and its effect on
+    /// any word is visible to the caller).
+    pub(crate) fn is_quiet(&self, stripe: usize) -> bool {
+        self.applied[stripe].load(Ordering::Acquire) == self.sent[stripe].load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_later_move_needs_nothing_more_and_the_actor_sees_it() {
+        let word = DeadlineWord::new(10);
+        assert_eq!(word.move_to(50), Moved::Later);
+        assert_eq!(word.on_due(10), Due::Later(50));
+        assert_eq!(word.move_to(20), Moved::Earlier);
+        assert_eq!(word.on_due(20), Due::Fire(20));
+        assert_eq!(word.load(), (true, 20));
+        assert_eq!(word.move_to(90), Moved::Gone);
+        assert_eq!(
+            word.load(),
+            (true, 20),
+            "a gone word keeps its last deadline"
+        );
+    }
+
+    #[test]
+    fn a_retired_word_refuses_moves() {
+        let word = DeadlineWord::new(-7);
+        assert_eq!(word.retire(), -7);
+        assert_eq!(word.move_to(1), Moved::Gone);
+        assert_eq!(word.load(), (true, -7));
+    }
+
+    #[test]
+    fn deadlines_round_trip_and_saturate() {
+        for deadline in [
+            0,
+            1,
+            -1,
+            i64::from(u32::MAX),
+            super::super::clock::NEVER as i64,
+        ] {
+            assert_eq!(DeadlineWord::new(deadline).load(), (false, deadline));
+        }
+        assert_eq!(DeadlineWord::new(i64::MIN).load(), (false, MIN_DEADLINE));
+        assert_eq!(DeadlineWord::new(i64::MAX).load(), (false, MAX_DEADLINE));
+        // Order is kept across the sign, so "later" means later.
+        let word = DeadlineWord::new(-5);
+        assert_eq!(word.move_to(5), Moved::Later);
+        assert_eq!(word.move_to(-6), Moved::Earlier);
+    }
+
+    #[test]
+    fn a_stripe_is_quiet_once_everything_counted_is_applied() {
+        let ledger = Ledger::default();
+        let stripe = Ledger::stripe(u64::MAX);
+        assert!(ledger.is_quiet(stripe));
+        ledger.sending(stripe);
+        assert!(!ledger.is_quiet(stripe));
+        ledger.sending_everywhere();
+        ledger.applied(stripe);
+        assert!(!ledger.is_quiet(stripe));
+        ledger.applied_everywhere();
+        assert!((0..STRIPES).all(|stripe| ledger.is_quiet(stripe)));
+    }
+}
+
+/// Model checks of the races a keyed entry's word sees, and of the ledger's promise that a
+/// handle's direct store never overtakes a command made before it. Run with
+/// `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_model`.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use loom::sync::{Arc, Mutex};
+    use loom::thread;
+
+    use super::*;
+
+    #[test]
+    fn a_postpone_racing_expiry_fires_once_and_never_early() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(5));
+            let handle = {
+                let word = word.clone();
+                thread::spawn(move || word.move_to(50))
+            };
+            // The actor looks at the entry at time 5.
+            let due = word.on_due(5);
+            let moved = handle.join().unwrap();
+            match (due, moved) {
+                // Fired first, for the deadline it had: the move did nothing.
+                (Due::Fire(5), Moved::Gone) => assert_eq!(word.load(), (true, 5)),
+                // Moved first: the actor files it again for the new deadline.
+                (Due::Later(50), Moved::Later) => assert_eq!(word.load(), (false, 50)),
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+    }
+
+    #[test]
+    fn a_move_racing_removal_is_refused_or_overtaken() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(5));
+            let handle = {
+                let word = word.clone();
+                thread::spawn(move || word.move_to(1))
+            };
+            let had = word.retire();
+            let moved = handle.join().unwrap();
+            match moved {
+                Moved::Gone => assert_eq!(had, 5),
+                Moved::Earlier => assert_eq!(had, 1),
+                Moved::Later => panic!("1 is earlier than 5"),
+            }
+            assert_eq!(word.load(), (true, had));
+        });
+    }
+
+    /// One task resets its key by key (a command), then through its handle; the actor
+    /// applies the command meanwhile. Whatever the interleaving, the handle's deadline wins,
+    /// as it was made last.
+    #[test]
+    fn a_handle_store_never_overtakes_an_earlier_command() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(10));
+            let ledger = Arc::new(Ledger::default());
+            let queue = Arc::new(Mutex::new(Vec::<i64>::new()));
+            let stripe = 0;
+            let actor = {
+                let (word, ledger, queue) = (word.clone(), ledger.clone(), queue.clone());
+                thread::spawn(move || {
+                    // One look at the queue, as an actor's turn takes it.
+                    let batch = std::mem::take(&mut *queue.lock().unwrap());
+                    for deadline in batch {
+                        word.move_to(deadline);
+                        ledger.applied(stripe);
+                    }
+                })
+            };
+            // The task: by key to 30, then through the handle to 40.
+            ledger.sending(stripe);
+            queue.lock().unwrap().push(30);
+            if ledger.is_quiet(stripe) {
+                word.move_to(40);
+            } else {
+                ledger.sending(stripe);
+                queue.lock().unwrap().push(40);
+            }
+            actor.join().unwrap();
+            // Whatever the actor did not take in its turn, it applies in its next one.
+            for deadline in std::mem::take(&mut *queue.lock().unwrap()) {
+                word.move_to(deadline);
+                ledger.applied(stripe);
+            }
+            assert_eq!(word.load(), (false, 40));
+            assert!(ledger.is_quiet(stripe));
+        });
+    }
+
+    /// The same with the handle's own commands, which its word counts: a move queued by the
+    /// handle (its stripe was busy) and then a direct one, racing the actor.
+    #[test]
+    fn a_handle_store_never_overtakes_its_own_queued_move() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(10));
+            let queue = Arc::new(Mutex::new(Vec::<i64>::new()));
+            let apply = |word: &DeadlineWord, queue: &Mutex<Vec<i64>>| {
+                for deadline in std::mem::take(&mut *queue.lock().unwrap()) {
+                    word.move_to(deadline);
+                    word.applied();
+                }
+            };
+            let actor = {
+                let (word, queue) = (word.clone(), queue.clone());
+                thread::spawn(move || apply(&word, &queue))
+            };
+            // The handle: a move to 5 queued, then a move to 40.
+            word.sending();
+            queue.lock().unwrap().push(5);
+            if word.is_quiet() {
+                word.move_to(40);
+            } else {
+                word.sending();
+                queue.lock().unwrap().push(40);
+            }
+            actor.join().unwrap();
+            apply(&word, &queue);
+            assert_eq!(word.load(), (false, 40));
+            assert!(word.is_quiet());
+        });
+    }
+}
