@@ -1,0 +1,233 @@
+//! The keyed machine's tables: entries by id in fixed-size chunks, the handles' shared deadline
+//! words by id, and the key index (64 shards of a hash table from key to id).
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use hashbrown::HashTable;
+
+use crate::timer::keyed::DeadlineWord;
+
+/// Entries per chunk of the entry table.
+pub(super) const CHUNK: usize = 1024;
+/// Hash tables the index is split into.
+pub(super) const INDEX_SHARDS: usize = 64;
+
+pub(super) struct Entry<K, V> {
+    pub(super) key: K,
+    pub(super) value: V,
+    pub(super) due: Due,
+}
+
+/// An entry's deadline as the table keeps it: its own signed offset from the wheel's origin,
+/// or [`SHARED`](Due::SHARED) — its handle's shared word holds it. Never zero, so an `Option<Entry>`
+/// slot needs no tag: for `u64` keys and values a slot is 24 bytes, not 32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Due(pub(super) NonZeroU64);
+
+impl Due {
+    /// The deadline is in the entry's shared word.
+    pub(super) const SHARED: Due = Due(NonZeroU64::MIN);
+
+    /// An entry's own deadline. Offsets flip their sign bit, so `i64::MIN` would be zero and
+    /// `i64::MIN + 1` is [`SHARED`](Due::SHARED): deadlines that far (292 years) before the
+    /// origin are due at once anyway, and saturate.
+    pub(super) fn own(deadline: i64) -> Due {
+        let flipped = (deadline.max(i64::MIN + 2) as u64) ^ (1 << 63);
+        Due(NonZeroU64::new(flipped).expect("never zero"))
+    }
+
+    /// The entry's own deadline, unless its shared word holds it.
+    pub(super) fn deadline(self) -> Option<i64> {
+        (self != Due::SHARED).then(|| (self.0.get() ^ (1 << 63)) as i64)
+    }
+}
+
+/// When a signed deadline is due: deadlines before the origin are due at once.
+pub(super) fn due_at(deadline: i64) -> u64 {
+    deadline.max(0) as u64
+}
+
+/// [`CHUNK`] entries; `None` for free ids.
+pub(super) type Chunk<K, V> = Box<[Option<Entry<K, V>>]>;
+
+/// Entries by id, in fixed-size chunks.
+pub(super) struct Entries<K, V> {
+    pub(super) chunks: Vec<Chunk<K, V>>,
+    /// Ids below this have been handed out at least once.
+    pub(super) high: u32,
+    pub(super) free: Vec<u32>,
+    pub(super) len: usize,
+}
+
+impl<K, V> Entries<K, V> {
+    pub(super) fn new() -> Self {
+        Entries {
+            chunks: Vec::new(),
+            high: 0,
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+
+    pub(super) fn slot(&self, id: u32) -> &Option<Entry<K, V>> {
+        &self.chunks[id as usize / CHUNK][id as usize % CHUNK]
+    }
+
+    pub(super) fn slot_mut(&mut self, id: u32) -> &mut Option<Entry<K, V>> {
+        &mut self.chunks[id as usize / CHUNK][id as usize % CHUNK]
+    }
+
+    pub(super) fn get(&self, id: u32) -> &Entry<K, V> {
+        self.slot(id).as_ref().expect("a live entry")
+    }
+
+    pub(super) fn get_mut(&mut self, id: u32) -> &mut Entry<K, V> {
+        self.slot_mut(id).as_mut().expect("a live entry")
+    }
+
+    pub(super) fn insert(&mut self, entry: Entry<K, V>) -> u32 {
+        let id = self.free.pop().unwrap_or_else(|| {
+            if self.high as usize == self.chunks.len() * CHUNK {
+                self.chunks.push((0..CHUNK).map(|_| None).collect());
+            }
+            self.high += 1;
+            self.high - 1
+        });
+        *self.slot_mut(id) = Some(entry);
+        self.len += 1;
+        id
+    }
+
+    pub(super) fn remove(&mut self, id: u32) -> Entry<K, V> {
+        let entry = self.slot_mut(id).take().expect("a live entry");
+        self.free.push(id);
+        self.len -= 1;
+        entry
+    }
+
+    /// Gives every chunk back, once empty.
+    pub(super) fn release_if_empty(&mut self) {
+        if self.len == 0 && self.high > 0 {
+            *self = Entries::new();
+        }
+    }
+}
+
+/// The shared words of entries made with a handle, by id, in [`CHUNK`]-sized chunks allocated
+/// only for id ranges that hold such an entry: a set without handles pays nothing, one with a
+/// handle on every entry 8 bytes per entry, and a handle's command finds its word with no hash
+/// lookup (a hash table of 10^5 words outgrew the cache and cost a miss per command).
+pub(super) struct Words {
+    /// `None` for id ranges without a handle's entry.
+    pub(super) chunks: Vec<Option<WordChunk>>,
+    pub(super) len: usize,
+}
+
+/// [`CHUNK`] words; `None` for ids without a handle's entry.
+pub(super) type WordChunk = Box<[Option<Arc<DeadlineWord>>]>;
+
+impl Words {
+    pub(super) fn new() -> Self {
+        Words {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+
+    pub(super) fn get(&self, id: u32) -> Option<&Arc<DeadlineWord>> {
+        let chunk = self.chunks.get(id as usize / CHUNK)?.as_ref()?;
+        chunk[id as usize % CHUNK].as_ref()
+    }
+
+    /// The word of entry `id`, which is marked [`Due::SHARED`].
+    pub(super) fn of(&self, id: u32) -> &Arc<DeadlineWord> {
+        self.get(id).expect("a shared entry has a word")
+    }
+
+    pub(super) fn insert(&mut self, id: u32, word: Arc<DeadlineWord>) {
+        let (chunk, slot) = (id as usize / CHUNK, id as usize % CHUNK);
+        if self.chunks.len() <= chunk {
+            self.chunks.resize_with(chunk + 1, || None);
+        }
+        let chunk = self.chunks[chunk].get_or_insert_with(|| (0..CHUNK).map(|_| None).collect());
+        if chunk[slot].replace(word).is_none() {
+            self.len += 1;
+        }
+    }
+
+    pub(super) fn remove(&mut self, id: u32) -> Option<Arc<DeadlineWord>> {
+        let chunk = self.chunks.get_mut(id as usize / CHUNK)?.as_mut()?;
+        let word = chunk[id as usize % CHUNK].take()?;
+        self.len -= 1;
+        Some(word)
+    }
+
+    /// Takes every word out, with its id; the chunks are given back.
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = (u32, Arc<DeadlineWord>)> {
+        self.len = 0;
+        std::mem::take(&mut self.chunks)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(chunk, words)| Some((chunk, words?)))
+            .flat_map(|(chunk, words)| {
+                words
+                    .into_vec()
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(move |(slot, word)| Some(((chunk * CHUNK + slot) as u32, word?)))
+            })
+    }
+
+    pub(super) fn holds_memory(&self) -> bool {
+        !self.chunks.is_empty()
+    }
+
+    pub(super) fn release_if_empty(&mut self) {
+        if self.len == 0 {
+            *self = Words::new();
+        }
+    }
+}
+
+/// Ids by key, in [`INDEX_SHARDS`] hash tables chosen by hash bits the tables themselves do not
+/// use for placement.
+pub(super) struct Index {
+    pub(super) shards: Box<[HashTable<u32>]>,
+    pub(super) len: usize,
+}
+
+impl Index {
+    pub(super) fn new() -> Self {
+        Index {
+            shards: (0..INDEX_SHARDS).map(|_| HashTable::new()).collect(),
+            len: 0,
+        }
+    }
+
+    pub(super) fn shard(hash: u64) -> usize {
+        (hash >> 32) as usize % INDEX_SHARDS
+    }
+
+    pub(super) fn find(&self, hash: u64, eq: impl FnMut(&u32) -> bool) -> Option<u32> {
+        self.shards[Self::shard(hash)].find(hash, eq).copied()
+    }
+
+    pub(super) fn insert(&mut self, hash: u64, id: u32, rehash: impl Fn(&u32) -> u64) {
+        self.shards[Self::shard(hash)].insert_unique(hash, id, rehash);
+        self.len += 1;
+    }
+
+    pub(super) fn remove(&mut self, hash: u64, id: u32) {
+        if let Ok(found) = self.shards[Self::shard(hash)].find_entry(hash, |&other| other == id) {
+            found.remove();
+            self.len -= 1;
+        }
+    }
+
+    pub(super) fn release_if_empty(&mut self) {
+        if self.len == 0 && self.shards.iter().any(|shard| shard.capacity() > 0) {
+            *self = Index::new();
+        }
+    }
+}
