@@ -275,5 +275,8 @@ async fn sleeps_work_on_a_multi_thread_runtime() {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    panic!("registered sleeps never all counted fired: {:?}", wheel.stats());
+    panic!(
+        "registered sleeps never all counted fired: {:?}",
+        wheel.stats()
+    );
 }
