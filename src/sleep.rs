@@ -65,9 +65,13 @@ const UNARMED: u32 = u32::MAX;
 /// # Cost
 ///
 /// 40 bytes for the future itself; registering takes a 32-byte slot from the wheel's pool (no
-/// allocation once the pool has grown) and queues one command. Moving the deadline *later* is
-/// a single atomic compare-and-swap with no message; moving it earlier queues one. Each poll
-/// before the timer fires reads the clock once, to honour the deadline exactly.
+/// allocation once the pool has grown) and queues one command, which wakes the wheel's actor
+/// only if it would otherwise look too late. Moving the deadline *later* is a single atomic
+/// compare-and-swap with no message; moving it earlier queues one. Each poll before the timer
+/// fires reads the clock once, to honour the deadline exactly. Dropped before the actor took
+/// the registration (within about 10 ms while timers are being made), the sleep withdraws it
+/// under the same lock and the actor never sees it; dropped later, it queues a release that
+/// wakes nobody.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Sleep {

@@ -108,14 +108,24 @@ async fn dropping_a_sleep_cancels_and_reclaims_its_timer() {
 #[tokio::test(start_paused = true)]
 async fn dropping_before_the_actor_takes_it_withdraws_it() {
     let wheel = Wheel::new();
+    let mut previous = None;
+    for _ in 0..100 {
+        let mut sleep = wheel.sleep(Duration::from_secs(60));
+        assert!(poll_once(&mut sleep).is_pending());
+        // Dropped while another command follows its own: a placeholder stays in the queue.
+        previous = Some(sleep);
+    }
+    drop(previous);
+    // Dropped while its command is the last queued: taken back, the queue does not grow.
     for _ in 0..100 {
         let mut sleep = wheel.sleep(Duration::from_secs(60));
         assert!(poll_once(&mut sleep).is_pending());
     }
     settle().await;
     let stats = wheel.stats();
-    // Each registration queued a command, but the actor never filed a withdrawn timer.
-    assert_eq!(stats.commands, 100);
+    // The first 99 registrations reached the actor as placeholders, the last 101 not at all;
+    // the actor never filed a withdrawn timer.
+    assert_eq!(stats.commands, 99);
     assert_eq!((stats.inserted, stats.cancelled, stats.pending), (0, 0, 0));
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(wheel.stats().fired, 0, "a withdrawn timer never fires");

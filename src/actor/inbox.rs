@@ -69,6 +69,8 @@ pub(crate) enum Urgency {
     /// By this deadline (a clock offset): a wake-up only if the actor sleeps past it.
     By(u64),
     /// Soon, within [`LAZY_BOUND`]: releases and cancellations, which only give memory back.
+    /// While commands flow the actor keeps a look armed within that bound (see `actor`'s
+    /// "lazy look"), so these wake it only after a quiet spell.
     Lazy,
 }
 
@@ -217,6 +219,8 @@ impl<C> Inbox<C> {
     /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or
     /// `send_with_slot` returned) with `replacement`, if `is_it` recognises it, and gives
     /// `slot` straight back to the shard's free list: the actor never sees the timer at all.
+    /// The last command of the queue is removed rather than replaced, so a task that arms and
+    /// drops sleeps in a loop reuses one queue entry and one slot, both warm in its cache.
     /// If the actor has taken the command already, queues `otherwise` instead (unless the
     /// actor has stopped). One lock either way. Returns whether it withdrew.
     ///
@@ -236,9 +240,17 @@ impl<C> Inbox<C> {
         if state.stopped {
             return false;
         }
+        let last = state.commands.len() == position as usize + 1;
         if let Some(command) = state.commands.get_mut(position as usize) {
             if is_it(command) {
-                *command = replacement;
+                if last {
+                    // The last command queued (a task's own sleep, dropped before anything
+                    // else was sent here): taken back, so a loop of such sleeps does not grow
+                    // the queue. Positions before it stay as they are.
+                    state.commands.pop_back();
+                } else {
+                    *command = replacement;
+                }
                 state.free.push(slot);
                 state.returned += 1;
                 return true;
@@ -449,6 +461,16 @@ mod tests {
         let mut batch = VecDeque::new();
         inbox.take_all(&mut batch, &mut []);
         assert_eq!(batch, [0, 7], "replaced in place");
+        let (tail, position) = inbox
+            .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
+            .unwrap();
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == tail + 100, 0, tail, 9));
+        assert_eq!(
+            inbox.take_all(&mut batch, &mut []),
+            0,
+            "the last one is taken back"
+        );
+        batch.clear();
         assert!(
             !inbox.withdraw_or_send(0, position, |_| true, 0, slot, 9),
             "taken already: sent instead"
@@ -606,6 +628,28 @@ mod loom_model {
                 })
             };
             inbox.publish_next_look(Some(300), 0);
+            let seen = inbox.has_pending();
+            sender.join().unwrap();
+            assert!(seen || inbox.state_notified(0), "neither woken nor seen");
+        });
+    }
+
+    #[test]
+    fn a_lazy_command_is_never_stranded_when_the_actor_stops_looking_soon() {
+        loom::model(|| {
+            let inbox = Arc::new(Inbox::new(1));
+            // Commands were flowing: the actor had a look armed within the lazy bound. Its
+            // last turn took nothing, so it arms no other look, then checks for commands. A
+            // release sent meanwhile must either wake it or be seen by the check: otherwise
+            // it would wait for the next real deadline (an hour away, say).
+            inbox.publish_next_look(Some(LAZY_BOUND), 0);
+            let sender = {
+                let inbox = inbox.clone();
+                thread::spawn(move || {
+                    inbox.send(0, Command::Withdrawn, Urgency::Lazy).unwrap();
+                })
+            };
+            inbox.publish_next_look(None, 0);
             let seen = inbox.has_pending();
             sender.join().unwrap();
             assert!(seen || inbox.state_notified(0), "neither woken nor seen");

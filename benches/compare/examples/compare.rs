@@ -897,8 +897,23 @@ fn main() {
         );
     }
     for table in [
-        &idle, &schedule, &cancel, &pair, &ready, &timeouts, &postpone, &keyed, &churn, &producers,
-        &request_cpu, &request_timer, &request_heap, &fire_cpu, &lateness, &early, &memory,
+        &idle,
+        &schedule,
+        &cancel,
+        &pair,
+        &ready,
+        &timeouts,
+        &postpone,
+        &keyed,
+        &churn,
+        &producers,
+        &request_cpu,
+        &request_timer,
+        &request_heap,
+        &fire_cpu,
+        &lateness,
+        &early,
+        &memory,
     ] {
         if !table.rows.is_empty() {
             table.print();

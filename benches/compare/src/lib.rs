@@ -1530,7 +1530,13 @@ pub async fn requests_none(tasks: usize, per_task: usize) -> RequestReport {
 
 /// The request scenario with `tokio::time::sleep` (unboxed, pinned in the task).
 pub async fn requests_tokio(tasks: usize, per_task: usize) -> RequestReport {
-    requests(tasks, per_task, || tokio::time::sleep(REQUEST_TIMEOUT), async {}).await
+    requests(
+        tasks,
+        per_task,
+        || tokio::time::sleep(REQUEST_TIMEOUT),
+        async {},
+    )
+    .await
 }
 
 /// The request scenario with pingora-timeout's `fast_sleep` (timers shared per 10 ms tick).
@@ -1548,15 +1554,10 @@ pub async fn requests_pingora(tasks: usize, per_task: usize) -> RequestReport {
 pub async fn requests_wheel(wheel: Wheel, tasks: usize, per_task: usize) -> RequestReport {
     let maker = wheel.clone();
     let stats = wheel.stats();
-    let report = requests(
-        tasks,
-        per_task,
-        move || maker.sleep(REQUEST_TIMEOUT),
-        {
-            let wheel = wheel.clone();
-            async move { wheel.flush().await }
-        },
-    )
+    let report = requests(tasks, per_task, move || maker.sleep(REQUEST_TIMEOUT), {
+        let wheel = wheel.clone();
+        async move { wheel.flush().await }
+    })
     .await;
     if std::env::var_os("REQUEST_STATS").is_some() {
         let after = wheel.stats();
