@@ -262,15 +262,21 @@ impl Drop for Sleep {
             return;
         }
         let slot = self.wheel.shared.pool.get(self.slot);
-        slot.word.cancel();
         // Do not keep the task alive through a waker nobody will use.
         drop(slot.waker.take());
         let (index, shard) = (self.slot, usize::from(self.shard));
         let is_insert =
             |command: &Command| matches!(command, Command::Insert { slot, .. } if *slot == index);
-        let release = Command::Release {
-            slot: index,
-            shard: shard as u32,
+        // Only a timer the actor has taken needs its word cancelled (so it never fires) and a
+        // release; a withdrawn one goes straight back to the free list, its word untouched
+        // until the next `arm`. Called under the shard's lock, before the release is queued:
+        // after that, the slot is the actor's to free.
+        let release = || {
+            slot.word.cancel();
+            Command::Release {
+                slot: index,
+                shard: shard as u32,
+            }
         };
         // Not sent only once the actor has stopped: the slot goes with the pool.
         self.wheel.inbox.withdraw_or_send(

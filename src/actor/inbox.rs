@@ -190,7 +190,13 @@ impl<C> Inbox<C> {
 
     /// The shard the current thread sends to.
     pub(crate) fn shard_for_thread(&self) -> usize {
-        thread_seed() % self.shards.len()
+        let shards = self.shards.len();
+        if shards.is_power_of_two() {
+            // A mask, not a division: this is on every registration's path.
+            thread_seed() & (shards - 1)
+        } else {
+            thread_seed() % shards
+        }
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard<C>> {
@@ -221,8 +227,9 @@ impl<C> Inbox<C> {
     /// `slot` straight back to the shard's free list: the actor never sees the timer at all.
     /// The last command of the queue is removed rather than replaced, so a task that arms and
     /// drops sleeps in a loop reuses one queue entry and one slot, both warm in its cache.
-    /// If the actor has taken the command already, queues `otherwise` instead (unless the
-    /// actor has stopped). One lock either way. Returns whether it withdrew.
+    /// If the actor has taken the command already, queues what `otherwise` makes instead
+    /// (unless the actor has stopped), calling it under the lock. One lock either way.
+    /// Returns whether it withdrew.
     ///
     /// Positions are stable until the actor takes the shard (it only ever takes a whole
     /// queue), and `is_it` checks that the command there is still the caller's own.
@@ -233,7 +240,7 @@ impl<C> Inbox<C> {
         is_it: impl FnOnce(&C) -> bool,
         replacement: C,
         slot: u32,
-        otherwise: C,
+        otherwise: impl FnOnce() -> C,
     ) -> bool {
         let mut state = self.lock(shard);
         let state = &mut *state;
@@ -256,7 +263,7 @@ impl<C> Inbox<C> {
                 return true;
             }
         }
-        let (_, notify) = self.push(state, otherwise, Urgency::Lazy);
+        let (_, notify) = self.push(state, otherwise(), Urgency::Lazy);
         if notify {
             self.wake.notify_one();
         }
@@ -416,7 +423,7 @@ mod tests {
         assert_eq!(inbox.send(0, 2, Urgency::Now), Err(2));
         let pool = Pool::default();
         assert_eq!(inbox.send_with_slot(0, &pool, Urgency::Now, |_, _| 3), None);
-        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 4, 0, 5));
+        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 4, 0, || 5));
     }
 
     #[test]
@@ -457,14 +464,14 @@ mod tests {
             .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
             .unwrap();
         inbox.send(0, 7, Urgency::Now).unwrap();
-        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, 0, slot, 9));
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, 0, slot, || 9));
         let mut batch = VecDeque::new();
         inbox.take_all(&mut batch, &mut []);
         assert_eq!(batch, [0, 7], "replaced in place");
         let (tail, position) = inbox
             .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
             .unwrap();
-        assert!(inbox.withdraw_or_send(0, position, |&c| c == tail + 100, 0, tail, 9));
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == tail + 100, 0, tail, || 9));
         assert_eq!(
             inbox.take_all(&mut batch, &mut []),
             0,
@@ -472,7 +479,7 @@ mod tests {
         );
         batch.clear();
         assert!(
-            !inbox.withdraw_or_send(0, position, |_| true, 0, slot, 9),
+            !inbox.withdraw_or_send(0, position, |_| true, 0, slot, || 9),
             "taken already: sent instead"
         );
         batch.clear();
@@ -590,9 +597,12 @@ mod loom_model {
                                 Command::Insert(index)
                             })
                             .unwrap();
-                        pool.get(slot).word.cancel();
                         let is_it = |command: &Command| *command == Command::Insert(slot);
-                        let release = Command::Release(slot);
+                        // As `Sleep::drop`: cancelled only if the actor has it, under the lock.
+                        let release = || {
+                            pool.get(slot).word.cancel();
+                            Command::Release(slot)
+                        };
                         inbox.withdraw_or_send(
                             0,
                             position,
@@ -681,7 +691,10 @@ mod loom_model {
                 })
             };
             let is_it = |command: &Command| *command == Command::Insert(slot);
-            let release = Command::Release(slot);
+            let release = || {
+                pool.get(slot).word.cancel();
+                Command::Release(slot)
+            };
             let withdrawn =
                 inbox.withdraw_or_send(0, position, is_it, Command::Withdrawn, slot, release);
             let seen = actor.join().unwrap();
