@@ -279,13 +279,8 @@ impl Drop for Sleep {
             }
         };
         // Not sent only once the actor has stopped: the slot goes with the pool.
-        self.wheel.inbox.withdraw_or_send(
-            shard,
-            self.position,
-            is_insert,
-            Command::Withdrawn,
-            index,
-            release,
-        );
+        self.wheel
+            .inbox
+            .withdraw_or_send(shard, self.position, is_insert, index, release);
     }
 }

@@ -77,6 +77,13 @@ pub(crate) enum Urgency {
 /// How long a command that only gives memory back may wait for the actor's next wake-up.
 pub(crate) const LAZY_BOUND: u64 = 10_000_000;
 
+/// What a withdrawn command leaves in its place in the queue (positions must stay stable for
+/// the commands after it): a no-op the actor skips.
+pub(crate) trait Placeholder {
+    fn placeholder() -> Self;
+    fn is_placeholder(&self) -> bool;
+}
+
 /// The command queue of one actor.
 #[derive(Debug)]
 pub(crate) struct Inbox<C> {
@@ -223,10 +230,12 @@ impl<C> Inbox<C> {
     }
 
     /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or
-    /// `send_with_slot` returned) with `replacement`, if `is_it` recognises it, and gives
+    /// `send_with_slot` returned) with a [`Placeholder`], if `is_it` recognises it, and gives
     /// `slot` straight back to the shard's free list: the actor never sees the timer at all.
-    /// The last command of the queue is removed rather than replaced, so a task that arms and
-    /// drops sleeps in a loop reuses one queue entry and one slot, both warm in its cache.
+    /// The last command of the queue is removed rather than replaced, with the placeholders
+    /// left before it, so a task that arms and drops sleeps in a loop reuses
+    /// one queue entry and one slot, both warm in its cache, and tasks that drop theirs in
+    /// the reverse order of arming leave nothing behind.
     /// If the actor has taken the command already, queues what `otherwise` makes instead
     /// (unless the actor has stopped), calling it under the lock. One lock either way.
     /// Returns whether it withdrew.
@@ -238,10 +247,12 @@ impl<C> Inbox<C> {
         shard: usize,
         position: u32,
         is_it: impl FnOnce(&C) -> bool,
-        replacement: C,
         slot: u32,
         otherwise: impl FnOnce() -> C,
-    ) -> bool {
+    ) -> bool
+    where
+        C: Placeholder,
+    {
         let mut state = self.lock(shard);
         let state = &mut *state;
         if state.stopped {
@@ -253,10 +264,14 @@ impl<C> Inbox<C> {
                 if last {
                     // The last command queued (a task's own sleep, dropped before anything
                     // else was sent here): taken back, so a loop of such sleeps does not grow
-                    // the queue. Positions before it stay as they are.
+                    // the queue. So are placeholders before it, whose handles are gone: no
+                    // live handle's position is at or past the new end.
                     state.commands.pop_back();
+                    while state.commands.back().is_some_and(C::is_placeholder) {
+                        state.commands.pop_back();
+                    }
                 } else {
-                    *command = replacement;
+                    *command = C::placeholder();
                 }
                 state.free.push(slot);
                 state.returned += 1;
@@ -399,6 +414,44 @@ impl<C> Inbox<C> {
 mod tests {
     use super::*;
 
+    /// Test commands are numbers; 0 is the placeholder.
+    macro_rules! numbers_have_a_placeholder {
+        ($($number:ty),*) => {$(
+            impl Placeholder for $number {
+                fn placeholder() -> Self {
+                    0
+                }
+                fn is_placeholder(&self) -> bool {
+                    *self == 0
+                }
+            }
+        )*};
+    }
+    numbers_have_a_placeholder!(i32, u32);
+
+    #[test]
+    fn placeholders_left_before_a_withdrawn_last_command_go_with_it() {
+        let inbox = Inbox::new(1);
+        let pool = Pool::default();
+        let file = |inbox: &Inbox<i32>| {
+            inbox
+                .send_with_slot(0, &pool, Urgency::Now, |index, _| index as i32 + 100)
+                .unwrap()
+        };
+        let (a, at_a) = file(&inbox);
+        let (b, at_b) = file(&inbox);
+        let (c, at_c) = file(&inbox);
+        assert!(inbox.withdraw_or_send(0, at_a, |&x| x == a as i32 + 100, a, || 9));
+        assert!(inbox.withdraw_or_send(0, at_b, |&x| x == b as i32 + 100, b, || 9));
+        let mut batch = VecDeque::new();
+        assert!(inbox.withdraw_or_send(0, at_c, |&x| x == c as i32 + 100, c, || 9));
+        assert_eq!(
+            inbox.take_all(&mut batch, &mut []),
+            0,
+            "nothing left behind"
+        );
+    }
+
     #[test]
     fn take_all_moves_everything_in_order_per_shard() {
         let inbox = Inbox::new(2);
@@ -423,7 +476,7 @@ mod tests {
         assert_eq!(inbox.send(0, 2, Urgency::Now), Err(2));
         let pool = Pool::default();
         assert_eq!(inbox.send_with_slot(0, &pool, Urgency::Now, |_, _| 3), None);
-        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 4, 0, || 5));
+        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 0, || 5));
     }
 
     #[test]
@@ -464,14 +517,14 @@ mod tests {
             .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
             .unwrap();
         inbox.send(0, 7, Urgency::Now).unwrap();
-        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, 0, slot, || 9));
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, slot, || 9));
         let mut batch = VecDeque::new();
         inbox.take_all(&mut batch, &mut []);
         assert_eq!(batch, [0, 7], "replaced in place");
         let (tail, position) = inbox
             .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
             .unwrap();
-        assert!(inbox.withdraw_or_send(0, position, |&c| c == tail + 100, 0, tail, || 9));
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == tail + 100, tail, || 9));
         assert_eq!(
             inbox.take_all(&mut batch, &mut []),
             0,
@@ -479,7 +532,7 @@ mod tests {
         );
         batch.clear();
         assert!(
-            !inbox.withdraw_or_send(0, position, |_| true, 0, slot, || 9),
+            !inbox.withdraw_or_send(0, position, |_| true, slot, || 9),
             "taken already: sent instead"
         );
         batch.clear();
@@ -566,6 +619,15 @@ mod loom_model {
         Withdrawn,
     }
 
+    impl Placeholder for Command {
+        fn placeholder() -> Self {
+            Command::Withdrawn
+        }
+        fn is_placeholder(&self) -> bool {
+            *self == Command::Withdrawn
+        }
+    }
+
     /// One actor turn: take, touch filed slots, free released ones, try to shrink.
     fn actor_turn(inbox: &Inbox<Command>, pool: &Pool, freed: &mut Vec<Vec<u32>>) {
         let mut batch = VecDeque::new();
@@ -603,14 +665,7 @@ mod loom_model {
                             pool.get(slot).word.cancel();
                             Command::Release(slot)
                         };
-                        inbox.withdraw_or_send(
-                            0,
-                            position,
-                            is_it,
-                            Command::Withdrawn,
-                            slot,
-                            release,
-                        );
+                        inbox.withdraw_or_send(0, position, is_it, slot, release);
                     }
                 })
             };
@@ -695,8 +750,7 @@ mod loom_model {
                 pool.get(slot).word.cancel();
                 Command::Release(slot)
             };
-            let withdrawn =
-                inbox.withdraw_or_send(0, position, is_it, Command::Withdrawn, slot, release);
+            let withdrawn = inbox.withdraw_or_send(0, position, is_it, slot, release);
             let seen = actor.join().unwrap();
             // Either the actor took the registration (and it was not withdrawn: the release
             // is queued), or it took nothing or the placeholder.
