@@ -97,8 +97,8 @@ impl Wheel {
     }
 
     /// The runtime the wheel's jobs run on (and its actors, unless
-    /// [`Builder::own_thread`] gave them a thread): where a layer built on the wheel spawns
-    /// its own tasks.
+    /// [`Builder::own_thread`](crate::Builder::own_thread) gave them a thread): where a layer
+    /// built on the wheel spawns its own tasks.
     pub fn runtime(&self) -> &tokio::runtime::Handle {
         &self.inner.shared.runtime
     }
