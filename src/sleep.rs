@@ -87,6 +87,9 @@ pub struct Sleep {
     /// Where the last command that filed the slot went in the shard's queue: dropped before
     /// the actor takes it, the sleep withdraws it and the actor never sees the timer.
     position: u32,
+    /// Filed again after it completed ([`Moved::Rearmed`]): the actor may still hold the slot
+    /// from the first filing, so a drop cancels the word even when it withdraws the second.
+    rearmed: bool,
 }
 
 impl Sleep {
@@ -98,6 +101,7 @@ impl Sleep {
             shard: 0,
             woke: None,
             position: 0,
+            rearmed: false,
         }
     }
 
@@ -170,7 +174,10 @@ impl Sleep {
                     deadline: offset,
                 };
                 match this.wheel.send(shard, insert, Urgency::By(offset)) {
-                    Some(position) => this.position = position,
+                    Some(position) => {
+                        this.position = position;
+                        this.rearmed = true;
+                    }
                     None => {
                         // The wheel stopped: nobody will fire the word just re-armed. Mark it
                         // shut down, so every later poll and reset sees that.
@@ -264,12 +271,17 @@ impl Drop for Sleep {
         let slot = self.wheel.shared.pool.get(self.slot);
         // Do not keep the task alive through a waker nobody will use.
         drop(slot.waker.take());
+        if self.rearmed {
+            // The actor may hold the slot from its first filing even if the second is
+            // withdrawn: it must find the word cancelled there, not armed for a sleep gone.
+            slot.word.cancel();
+        }
         let (index, shard) = (self.slot, usize::from(self.shard));
         let is_insert =
             |command: &Command| matches!(command, Command::Insert { slot, .. } if *slot == index);
         // Only a timer the actor has taken needs its word cancelled (so it never fires) and a
-        // release; a withdrawn one goes straight back to the free list, its word untouched
-        // until the next `arm`. Called under the shard's lock, before the release is queued:
+        // release; a withdrawn one (never filed) goes straight back to the free list, its word
+        // untouched until the next `arm`. Called under the shard's lock, before the release is queued:
         // after that, the slot is the actor's to free.
         let release = || {
             slot.word.cancel();
