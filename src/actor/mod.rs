@@ -22,7 +22,7 @@
 //! A keep-alive server arms a header-read sleep per request and drops it a millisecond later,
 //! unfired. Were every command to wake the actor, each such request would cost a cross-thread
 //! wake-up and an actor turn (measured: one actor wake-up per request, ~0.7–1 µs of CPU per
-//! request in the `requests` scenario of `benches/compare`, 3–5× tokio's whole timer). So
+//! request in the `requests` scenario of `benches/compare`, 4–8× what tokio's timer adds). So
 //! commands that only give memory back (`Urgency::Lazy`) or are due far ahead wake the actor
 //! only if it has no look armed within [`LAZY_BOUND`]; and a turn that took commands arms one,
 //! expecting more. While commands flow, the actor looks once per lazy bound and takes them in
