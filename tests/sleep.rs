@@ -108,17 +108,35 @@ async fn dropping_a_sleep_cancels_and_reclaims_its_timer() {
 #[tokio::test(start_paused = true)]
 async fn dropping_before_the_actor_takes_it_withdraws_it() {
     let wheel = Wheel::new();
-    for _ in 0..100 {
+    let arm = || {
         let mut sleep = wheel.sleep(Duration::from_secs(60));
         assert!(poll_once(&mut sleep).is_pending());
-    }
+        sleep
+    };
+    // Dropped in the order they were made: each leaves a placeholder in the queue, and the
+    // last (the queue's last command) takes itself and those placeholders back.
+    let sleeps: Vec<_> = (0..100).map(|_| arm()).collect();
+    drop(sleeps);
     settle().await;
     let stats = wheel.stats();
-    // Each registration queued a command, but the actor never filed a withdrawn timer.
-    assert_eq!(stats.commands, 100);
+    assert_eq!(stats.commands, 0, "nothing reached the actor");
     assert_eq!((stats.inserted, stats.cancelled, stats.pending), (0, 0, 0));
+    // With a live registration after them, the placeholders reach the actor, which skips them.
+    let sleeps: Vec<_> = (0..100).map(|_| arm()).collect();
+    let kept = arm();
+    drop(sleeps);
+    settle().await;
+    let stats = wheel.stats();
+    assert_eq!(stats.commands, 101);
+    assert_eq!((stats.inserted, stats.cancelled, stats.pending), (1, 0, 1));
+    drop(kept);
     tokio::time::sleep(Duration::from_secs(61)).await;
-    assert_eq!(wheel.stats().fired, 0, "a withdrawn timer never fires");
+    let stats = wheel.stats();
+    assert_eq!(
+        (stats.fired, stats.cancelled),
+        (0, 1),
+        "a withdrawn timer never fires"
+    );
 }
 
 #[tokio::test(start_paused = true)]

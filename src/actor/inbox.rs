@@ -69,11 +69,20 @@ pub(crate) enum Urgency {
     /// By this deadline (a clock offset): a wake-up only if the actor sleeps past it.
     By(u64),
     /// Soon, within [`LAZY_BOUND`]: releases and cancellations, which only give memory back.
+    /// While commands flow the actor keeps a look armed within that bound (see `actor`'s
+    /// "lazy look"), so these wake it only after a quiet spell.
     Lazy,
 }
 
 /// How long a command that only gives memory back may wait for the actor's next wake-up.
 pub(crate) const LAZY_BOUND: u64 = 10_000_000;
+
+/// What a withdrawn command leaves in its place in the queue (positions must stay stable for
+/// the commands after it): a no-op the actor skips.
+pub(crate) trait Placeholder {
+    fn placeholder() -> Self;
+    fn is_placeholder(&self) -> bool;
+}
 
 /// The command queue of one actor.
 #[derive(Debug)]
@@ -188,7 +197,13 @@ impl<C> Inbox<C> {
 
     /// The shard the current thread sends to.
     pub(crate) fn shard_for_thread(&self) -> usize {
-        thread_seed() % self.shards.len()
+        let shards = self.shards.len();
+        if shards.is_power_of_two() {
+            // A mask, not a division: this is on every registration's path.
+            thread_seed() & (shards - 1)
+        } else {
+            thread_seed() % shards
+        }
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard<C>> {
@@ -215,10 +230,15 @@ impl<C> Inbox<C> {
     }
 
     /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or
-    /// `send_with_slot` returned) with `replacement`, if `is_it` recognises it, and gives
+    /// `send_with_slot` returned) with a [`Placeholder`], if `is_it` recognises it, and gives
     /// `slot` straight back to the shard's free list: the actor never sees the timer at all.
-    /// If the actor has taken the command already, queues `otherwise` instead (unless the
-    /// actor has stopped). One lock either way. Returns whether it withdrew.
+    /// The last command of the queue is removed rather than replaced, with the placeholders
+    /// left before it, so a task that arms and drops sleeps in a loop reuses
+    /// one queue entry and one slot, both warm in its cache, and tasks that drop theirs in
+    /// the reverse order of arming leave nothing behind.
+    /// If the actor has taken the command already, queues what `otherwise` makes instead
+    /// (unless the actor has stopped), calling it under the lock. One lock either way.
+    /// Returns whether it withdrew.
     ///
     /// Positions are stable until the actor takes the shard (it only ever takes a whole
     /// queue), and `is_it` checks that the command there is still the caller's own.
@@ -227,24 +247,38 @@ impl<C> Inbox<C> {
         shard: usize,
         position: u32,
         is_it: impl FnOnce(&C) -> bool,
-        replacement: C,
         slot: u32,
-        otherwise: C,
-    ) -> bool {
+        otherwise: impl FnOnce() -> C,
+    ) -> bool
+    where
+        C: Placeholder,
+    {
         let mut state = self.lock(shard);
         let state = &mut *state;
         if state.stopped {
             return false;
         }
+        let last = state.commands.len() == position as usize + 1;
         if let Some(command) = state.commands.get_mut(position as usize) {
             if is_it(command) {
-                *command = replacement;
+                if last {
+                    // The last command queued (a task's own sleep, dropped before anything
+                    // else was sent here): taken back, so a loop of such sleeps does not grow
+                    // the queue. So are placeholders before it, whose handles are gone: no
+                    // live handle's position is at or past the new end.
+                    state.commands.pop_back();
+                    while state.commands.back().is_some_and(C::is_placeholder) {
+                        state.commands.pop_back();
+                    }
+                } else {
+                    *command = C::placeholder();
+                }
                 state.free.push(slot);
                 state.returned += 1;
                 return true;
             }
         }
-        let (_, notify) = self.push(state, otherwise, Urgency::Lazy);
+        let (_, notify) = self.push(state, otherwise(), Urgency::Lazy);
         if notify {
             self.wake.notify_one();
         }
@@ -380,6 +414,44 @@ impl<C> Inbox<C> {
 mod tests {
     use super::*;
 
+    /// Test commands are numbers; 0 is the placeholder.
+    macro_rules! numbers_have_a_placeholder {
+        ($($number:ty),*) => {$(
+            impl Placeholder for $number {
+                fn placeholder() -> Self {
+                    0
+                }
+                fn is_placeholder(&self) -> bool {
+                    *self == 0
+                }
+            }
+        )*};
+    }
+    numbers_have_a_placeholder!(i32, u32);
+
+    #[test]
+    fn placeholders_left_before_a_withdrawn_last_command_go_with_it() {
+        let inbox = Inbox::new(1);
+        let pool = Pool::default();
+        let file = |inbox: &Inbox<i32>| {
+            inbox
+                .send_with_slot(0, &pool, Urgency::Now, |index, _| index as i32 + 100)
+                .unwrap()
+        };
+        let (a, at_a) = file(&inbox);
+        let (b, at_b) = file(&inbox);
+        let (c, at_c) = file(&inbox);
+        assert!(inbox.withdraw_or_send(0, at_a, |&x| x == a as i32 + 100, a, || 9));
+        assert!(inbox.withdraw_or_send(0, at_b, |&x| x == b as i32 + 100, b, || 9));
+        let mut batch = VecDeque::new();
+        assert!(inbox.withdraw_or_send(0, at_c, |&x| x == c as i32 + 100, c, || 9));
+        assert_eq!(
+            inbox.take_all(&mut batch, &mut []),
+            0,
+            "nothing left behind"
+        );
+    }
+
     #[test]
     fn take_all_moves_everything_in_order_per_shard() {
         let inbox = Inbox::new(2);
@@ -404,7 +476,7 @@ mod tests {
         assert_eq!(inbox.send(0, 2, Urgency::Now), Err(2));
         let pool = Pool::default();
         assert_eq!(inbox.send_with_slot(0, &pool, Urgency::Now, |_, _| 3), None);
-        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 4, 0, 5));
+        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 0, || 5));
     }
 
     #[test]
@@ -445,12 +517,22 @@ mod tests {
             .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
             .unwrap();
         inbox.send(0, 7, Urgency::Now).unwrap();
-        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, 0, slot, 9));
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, slot, || 9));
         let mut batch = VecDeque::new();
         inbox.take_all(&mut batch, &mut []);
         assert_eq!(batch, [0, 7], "replaced in place");
+        let (tail, position) = inbox
+            .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
+            .unwrap();
+        assert!(inbox.withdraw_or_send(0, position, |&c| c == tail + 100, tail, || 9));
+        assert_eq!(
+            inbox.take_all(&mut batch, &mut []),
+            0,
+            "the last one is taken back"
+        );
+        batch.clear();
         assert!(
-            !inbox.withdraw_or_send(0, position, |_| true, 0, slot, 9),
+            !inbox.withdraw_or_send(0, position, |_| true, slot, || 9),
             "taken already: sent instead"
         );
         batch.clear();
@@ -537,6 +619,15 @@ mod loom_model {
         Withdrawn,
     }
 
+    impl Placeholder for Command {
+        fn placeholder() -> Self {
+            Command::Withdrawn
+        }
+        fn is_placeholder(&self) -> bool {
+            *self == Command::Withdrawn
+        }
+    }
+
     /// One actor turn: take, touch filed slots, free released ones, try to shrink.
     fn actor_turn(inbox: &Inbox<Command>, pool: &Pool, freed: &mut Vec<Vec<u32>>) {
         let mut batch = VecDeque::new();
@@ -568,17 +659,13 @@ mod loom_model {
                                 Command::Insert(index)
                             })
                             .unwrap();
-                        pool.get(slot).word.cancel();
                         let is_it = |command: &Command| *command == Command::Insert(slot);
-                        let release = Command::Release(slot);
-                        inbox.withdraw_or_send(
-                            0,
-                            position,
-                            is_it,
-                            Command::Withdrawn,
-                            slot,
-                            release,
-                        );
+                        // As `Sleep::drop`: cancelled only if the actor has it, under the lock.
+                        let release = || {
+                            pool.get(slot).word.cancel();
+                            Command::Release(slot)
+                        };
+                        inbox.withdraw_or_send(0, position, is_it, slot, release);
                     }
                 })
             };
@@ -613,6 +700,28 @@ mod loom_model {
     }
 
     #[test]
+    fn a_lazy_command_is_never_stranded_when_the_actor_stops_looking_soon() {
+        loom::model(|| {
+            let inbox = Arc::new(Inbox::new(1));
+            // Commands were flowing: the actor had a look armed within the lazy bound. Its
+            // last turn took nothing, so it arms no other look, then checks for commands. A
+            // release sent meanwhile must either wake it or be seen by the check: otherwise
+            // it would wait for the next real deadline (an hour away, say).
+            inbox.publish_next_look(Some(LAZY_BOUND), 0);
+            let sender = {
+                let inbox = inbox.clone();
+                thread::spawn(move || {
+                    inbox.send(0, Command::Withdrawn, Urgency::Lazy).unwrap();
+                })
+            };
+            inbox.publish_next_look(None, 0);
+            let seen = inbox.has_pending();
+            sender.join().unwrap();
+            assert!(seen || inbox.state_notified(0), "neither woken nor seen");
+        });
+    }
+
+    #[test]
     fn a_withdrawn_registration_never_reaches_the_actor() {
         loom::model(|| {
             let pool = Arc::new(Pool::default());
@@ -637,9 +746,11 @@ mod loom_model {
                 })
             };
             let is_it = |command: &Command| *command == Command::Insert(slot);
-            let release = Command::Release(slot);
-            let withdrawn =
-                inbox.withdraw_or_send(0, position, is_it, Command::Withdrawn, slot, release);
+            let release = || {
+                pool.get(slot).word.cancel();
+                Command::Release(slot)
+            };
+            let withdrawn = inbox.withdraw_or_send(0, position, is_it, slot, release);
             let seen = actor.join().unwrap();
             // Either the actor took the registration (and it was not withdrawn: the release
             // is queued), or it took nothing or the placeholder.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::inbox::Inbox;
+use super::inbox::{Inbox, Placeholder};
 use super::timeline::{Moves, Timeline, Verdict};
 use super::{Ctx, Machine};
 use crate::timer::Launch;
@@ -40,6 +40,15 @@ pub(crate) enum Command {
     Flush(oneshot::Sender<()>),
     /// An `Insert` its handle withdrew before the actor took it: nothing to do.
     Withdrawn,
+}
+
+impl Placeholder for Command {
+    fn placeholder() -> Self {
+        Command::Withdrawn
+    }
+    fn is_placeholder(&self) -> bool {
+        matches!(self, Command::Withdrawn)
+    }
 }
 
 /// A job to file.

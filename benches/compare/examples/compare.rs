@@ -11,7 +11,9 @@
 //!   sizes; `--full` adds 10^7).
 //! - `--full`: memory also at 10^7 (several GiB of heap while it runs).
 //! - `--only NAME` runs one scenario group: idle, schedule, ready, timeouts, postpone, keyed,
-//!   churn, producers, fire, memory (e.g. under a profiler).
+//!   churn, producers, requests, fire, memory (e.g. under a profiler).
+//! - `--reps 9` sets the repetitions reported per case (default 5; `--quick`: 2).
+//! - `--request-tasks 64,256` picks the task counts of the requests scenario (default 128).
 //!
 //! Which peer is in which scenario, and why not elsewhere: see the head of
 //! `benches/compare/src/lib.rs`.
@@ -34,6 +36,8 @@ const DELAY_QUEUE: &str = "DelayQueue";
 const KESTREL: &str = "kestrel-timer";
 const HASH_WHEEL: &str = "hierarchical_hash_wheel_timer";
 const HASH_WHEEL_CALLER: &str = "hierarchical_hash_wheel_timer (caller side only)";
+/// The requests scenario's floor: the same work with no timer.
+const NO_TIMER: &str = "no timer";
 /// Marks a column that is not end to end: never taken as the best peer.
 const CALLER_SIDE: &str = "caller side only";
 /// The number of far-future timers pending in the idle scenario.
@@ -257,7 +261,9 @@ fn main() {
         memory_sizes
     });
     // Repetitions reported; each system also runs one warm-up repetition first, not reported.
-    let reps = if quick { 2 } else { 5 };
+    let reps = parse_sizes(&args, "--reps")
+        .and_then(|reps| reps.first().copied())
+        .unwrap_or(if quick { 2 } else { 5 });
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -268,6 +274,8 @@ fn main() {
     let rounds = 10;
     let producer_pairs = if quick { 20_000 } else { 200_000 };
     let producer_counts = [2, 8, 64];
+    let request_tasks = parse_sizes(&args, "--request-tasks").unwrap_or_else(|| vec![128]);
+    let requests_total = if quick { 50_000 } else { 256_000 };
     let runtime = runtime();
     let handle = runtime.handle().clone();
     let new_wheel = move || Wheel::builder().runtime(handle.clone()).build();
@@ -306,6 +314,7 @@ fn main() {
     plan("keyed", sizes.len() * runs * 3);
     plan("churn", sizes.len() * runs * 3);
     plan("producers", producer_counts.len() * runs * 5);
+    plan("requests", request_tasks.len() * runs * 4);
     plan("fire", sizes.len() * 6);
     plan("memory", memory_sizes.len() * 8);
     if run_idle {
@@ -368,6 +377,19 @@ fn main() {
         "ns per pair",
     )
     .versus(TOKIO);
+    let mut request_cpu = Table::new(
+        "Requests: T tasks each arm a 30 s timer, await a real 200–400 µs round trip, drop the timer",
+        "CPU ns per request, all threads",
+    )
+    .versus(TOKIO);
+    request_cpu.exclude(NO_TIMER, "it arms no timer: the floor the others add to");
+    let mut request_timer = Table::new(
+        "Requests: the timer's share (CPU per request minus the no-timer run of the same repetition)",
+        "CPU ns per request",
+    )
+    .versus(TOKIO);
+    let mut request_heap = Table::new("Requests: peak live heap while they ran", "KiB");
+    request_heap.exclude(NO_TIMER, "it arms no timer");
     let mut idle = Table::new(
         "Idle: 2 s with 10^5 far-future timers pending",
         "CPU ms; wake-ups in 2 s",
@@ -683,6 +705,48 @@ fn main() {
         thread_timer.shutdown().expect("timer thread");
     }
 
+    if wanted("requests") {
+        let wheel = new_wheel();
+        for &tasks in &request_tasks {
+            let per_task = requests_total / tasks;
+            let row = format!("T = {tasks}");
+            for rep in 0..runs {
+                let what = format!("requests T={tasks}");
+                progress.step(&what);
+                let none = on_worker(&runtime, requests_none(tasks, per_task));
+                progress.step(&what);
+                let tokio = on_worker(&runtime, requests_tokio(tasks, per_task));
+                progress.step(&what);
+                let pingora = on_worker(&runtime, requests_pingora(tasks, per_task));
+                progress.step(&what);
+                let ours = on_worker(&runtime, requests_wheel(wheel.clone(), tasks, per_task));
+                if rep == 0 {
+                    continue;
+                }
+                let floor = none.cpu_per_request.as_nanos() as f64;
+                for (system, r) in [
+                    (NO_TIMER, none),
+                    (TOKIO, tokio),
+                    ("pingora fast_sleep", pingora),
+                    (OURS, ours),
+                ] {
+                    let cpu = r.cpu_per_request.as_nanos() as f64;
+                    request_cpu.add(&format!("{row}, CPU"), system, cpu);
+                    request_cpu.add(
+                        &format!("{row}, wall"),
+                        system,
+                        r.wall_per_request.as_nanos() as f64,
+                    );
+                    request_heap.add(&row, system, r.peak_heap as f64 / 1024.0);
+                    if system != NO_TIMER {
+                        request_timer.add(&row, system, cpu - floor);
+                    }
+                }
+            }
+        }
+        retire(&runtime, wheel);
+    }
+
     if wanted("fire") {
         let wheel = new_wheel();
         let mut set = Some(on_worker(&runtime, {
@@ -852,8 +916,23 @@ fn main() {
         );
     }
     for table in [
-        &idle, &schedule, &cancel, &pair, &ready, &timeouts, &postpone, &keyed, &churn, &producers,
-        &fire_cpu, &lateness, &early, &memory,
+        &idle,
+        &schedule,
+        &cancel,
+        &pair,
+        &ready,
+        &timeouts,
+        &postpone,
+        &keyed,
+        &churn,
+        &producers,
+        &request_cpu,
+        &request_timer,
+        &request_heap,
+        &fire_cpu,
+        &lateness,
+        &early,
+        &memory,
     ] {
         if !table.rows.is_empty() {
             table.print();
