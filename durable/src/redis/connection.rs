@@ -63,6 +63,8 @@ pub(crate) struct Target {
     pub(crate) cluster: bool,
     pub(crate) partitions: usize,
     pub(crate) replicas: usize,
+    /// Connect to (and keep using) a server whose `maxmemory-policy` may evict keys.
+    pub(crate) allow_evicting_server: bool,
     /// PEM root certificates to trust for `rediss://` (else the system's).
     pub(crate) tls_roots: Option<Vec<u8>>,
 }

@@ -2,7 +2,6 @@
 //! the counts and counters — and purging old dead letters. Every script here touches a
 //! bounded number of entries (a page, a batch), never a whole set.
 
-use super::connection::with_retries;
 use super::keys::partition_of;
 use super::shared::{PAGE, Shared, number, redis_args};
 use crate::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState, percentile};
@@ -13,13 +12,14 @@ impl Shared {
     pub(crate) async fn len(&self) -> Result<usize, Error> {
         let mut total = 0;
         for keys in &self.parts {
-            let (due, inflight): (usize, usize) = with_retries(|| {
-                let mut connection = self.connection.clone();
-                let mut pipe = redis::pipe();
-                pipe.zcard(&keys.due).zcard(&keys.inflight);
-                async move { pipe.query_async(&mut connection).await }
-            })
-            .await?;
+            let (due, inflight): (usize, usize) = self
+                .call(|| {
+                    let mut connection = self.connection.clone();
+                    let mut pipe = redis::pipe();
+                    pipe.zcard(&keys.due).zcard(&keys.inflight);
+                    async move { pipe.query_async(&mut connection).await }
+                })
+                .await?;
             total += due + inflight;
         }
         Ok(total)

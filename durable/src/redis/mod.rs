@@ -55,6 +55,7 @@
 //! |---|---|
 //! | `mod.rs` | opening a queue: [`start`] checks the partitions and permissions, starts the engine and the wake listener |
 //! | `connection.rs` | clients, TLS roots, connecting to a server or a cluster, error classification, retries |
+//! | `eviction.rs` | refusing a server whose `maxmemory-policy` evicts keys, at connect and while running |
 //! | `keys.rs` | the keys of a partition, hash slots, partition tags, which partition a task is in |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts, one per file, each opening with its KEYS, ARGV, reply and invariant |
 //! | `shared.rs` | [`Shared`]: a queue's connection, partitions and scripts, and running a script (retries, replicas) |
@@ -66,6 +67,7 @@
 mod calls;
 mod connection;
 mod engine;
+mod eviction;
 mod inspect;
 mod keys;
 mod scripts;
@@ -89,8 +91,8 @@ use crate::protocol::{Request, Settings, attach};
 use crate::{Error, TaskId};
 
 /// Connects (failing with [`Error::Unreachable`] if it cannot, [`Error::Denied`] at once if
-/// the server refuses the credentials or the client its certificate), checks the queue's
-/// partition count, and starts the engine.
+/// the server refuses the credentials or the client its certificate), refuses a server that
+/// evicts keys, checks the queue's partition count, and starts the engine.
 pub(crate) async fn start(
     target: Target,
     name: &str,
@@ -111,6 +113,19 @@ pub(crate) async fn start(
         .query_async(&mut connection)
         .await
         .map_err(|e| classify(&e))?;
+    // Before anything is written: a server that evicts keys would lose tasks silently.
+    match eviction::check(&connection, target.cluster).await? {
+        eviction::Verdict::Safe => {}
+        eviction::Verdict::Volatile(note) => tracing::warn!(
+            %note,
+            "volatile-* evicts only keys with a TTL: never a task, but under memory pressure \
+             the marks that recognise a call retried after a lost reply"
+        ),
+        eviction::Verdict::Refused(why) if target.allow_evicting_server => {
+            tracing::warn!(%why, "connecting anyway: allow_evicting_server(true)");
+        }
+        eviction::Verdict::Refused(why) => return Err(Error::Invalid(why)),
+    }
     // Every process of a queue must agree on its partitions, or tasks would be lost in
     // partitions nobody claims from.
     let config = format!("tw:{{{name}}}:config");
@@ -135,6 +150,8 @@ pub(crate) async fn start(
         connection,
         settings,
         replicas: target.replicas,
+        cluster: target.cluster,
+        eviction: eviction::Guard::new(target.allow_evicting_server),
     });
     let (wake_sender, wakes) = mpsc::unbounded_channel();
     let attachment = attach(wheel);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::connection::{Connection, RESPONSE_TIMEOUT, classify, with_retries};
+use super::eviction;
 use super::keys::{Keys, partition_of};
 use super::scripts::Scripts;
 use crate::Error;
@@ -44,6 +45,10 @@ pub(crate) struct Shared {
     pub(super) settings: Settings,
     /// Writes return once this many replicas have them (`WAIT`).
     pub(super) replicas: usize,
+    /// A Redis Cluster (its policy is checked on every node).
+    pub(super) cluster: bool,
+    /// Whether the server's `maxmemory-policy` lets calls go on (see `eviction.rs`).
+    pub(super) eviction: eviction::Guard,
 }
 
 pub(super) fn delay_ms_floor(duration: Duration) -> u64 {
@@ -64,6 +69,28 @@ impl Shared {
         &self.parts[partition_of(id, self.parts.len())]
     }
 
+    /// Runs a Redis operation for a call: first the eviction check when it is due (an
+    /// evicting server fails the call with [`Error::Invalid`]), then the operation, retried
+    /// while the server is unreachable. A call that had to be retried may have reconnected
+    /// to another server (a restart, a failover): the next call checks its policy first.
+    pub(super) async fn call<T, F, Fut>(&self, mut operation: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.eviction.admit(&self.connection, self.cluster).await?;
+        let mut tries = 0;
+        let result = with_retries(|| {
+            tries += 1;
+            operation()
+        })
+        .await;
+        if tries > 1 {
+            self.eviction.recheck_soon();
+        }
+        result
+    }
+
     /// Runs one of the queue's scripts, retrying while the server is unreachable.
     pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
@@ -71,7 +98,7 @@ impl Shared {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T, Error> {
-        with_retries(|| {
+        self.call(|| {
             let mut connection = self.connection.clone();
             let mut invocation = script.prepare_invoke();
             for key in keys {
