@@ -84,9 +84,13 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Io`],
-    /// [`Error::Unreachable`], [`Error::Closed`].
+    /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Invalid`] for
+    /// an id of the form reserved for recurring occurrences (`…@` and digits, see
+    /// [`TaskId::is_occurrence`]), [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+        if let Some(id) = &task.id {
+            id.check_schedulable()?;
+        }
         #[cfg(feature = "redis")]
         if let Some(redis) = self.redis()? {
             return redis.schedule(task).await;
@@ -287,7 +291,9 @@ impl DurableQueue {
     }
 
     /// Stores a recurring schedule and returns its id once it is durable. Each occurrence is
-    /// delivered once, as an ordinary [`Delivery`](crate::Delivery) with the id `"{id}@{ms}"` whose
+    /// delivered once, as an ordinary [`Delivery`](crate::Delivery) with the id `"{id}@{ms}"` (a
+    /// form [`schedule`](DurableQueue::schedule) refuses, so no task of yours stands in for
+    /// an occurrence) whose
     /// [`due`](crate::Delivery::due) is the occurrence's time, across every worker and restart (see
     /// [`Recurring`]). Declaring the same id with the same definition again keeps the
     /// schedule as it is, so every process may declare its schedules at start-up.
@@ -297,7 +303,8 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Invalid`] for a period under 1 ms, [`Error::InFlight`] if a task of that id
+    /// [`Error::Invalid`] for a period under 1 ms or an id of the form reserved for
+    /// occurrences (see [`TaskId::is_occurrence`]), [`Error::InFlight`] if a task of that id
     /// is being delivered, [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn schedule_recurring(&self, recurring: Recurring) -> Result<TaskId, Error> {
         #[cfg(feature = "redis")]
