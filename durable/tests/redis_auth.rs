@@ -295,6 +295,138 @@ async fn acl_users_are_admitted_by_password_and_one_lacking_a_permission_is_deni
     assert_no_password_in(&texts);
 }
 
+/// A server at its client limit answers "ERR max number of clients reached" — also to
+/// `AUTH`, which the redis crate reports as a failed password. That is a server that cannot
+/// take one more client now: [`Error::Unreachable`] (transient), never [`Error::Denied`]; a
+/// wrong password is still denied at once.
+#[tokio::test]
+async fn a_server_at_its_client_limit_is_unreachable_not_denied() {
+    traces();
+    let Some(server) =
+        redis_server::start_with(&["--maxclients", "1", "--requirepass", REQUIREPASS])
+    else {
+        return;
+    };
+    let url = url_as(&server, &format!(":{REQUIREPASS}@"));
+    // Hold the only client slot (the server's own start-up probe may still hold it a moment).
+    let start = Instant::now();
+    let held = loop {
+        let connection = redis::Client::open(url.as_str()).unwrap().get_connection();
+        if let Ok(mut connection) = connection
+            && redis::cmd("PING").query::<String>(&mut connection).is_ok()
+        {
+            break connection;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "no slot");
+        std::thread::sleep(ms(20));
+    };
+    let wheel = Wheel::new();
+    let error = DurableQueue::builder()
+        .redis(&url, "full", &wheel)
+        .await
+        .expect_err("no slot for the queue");
+    assert!(
+        matches!(error, Error::Unreachable(_)) && error.is_transient(),
+        "{error:?}"
+    );
+    drop(held);
+    let wrong = url_as(&server, &format!(":{WRONG_PASSWORD}@"));
+    denied(
+        "a wrong password",
+        Builder::default(),
+        &wrong,
+        "full",
+        &wheel,
+    )
+    .await;
+}
+
+/// The same replies from a proxy that answers `AUTH` for the server, deterministically: a
+/// client limit and each busy code (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`) are
+/// unreachable, a `WRONGPASS` is denied.
+#[tokio::test]
+async fn busy_replies_to_auth_are_unreachable_and_wrongpass_is_denied() {
+    traces();
+    let Some(server) = redis_server::start_with(&["--requirepass", REQUIREPASS]) else {
+        return;
+    };
+    let proxy = support::proxy::Proxy::start(server.addr()).await;
+    let url = proxy
+        .url()
+        .replace("redis://", &format!("redis://:{REQUIREPASS}@"));
+    let wheel = Wheel::new();
+    for busy in [
+        "-ERR max number of clients reached",
+        "-LOADING Redis is loading the dataset in memory",
+        "-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "-TRYAGAIN Multiple keys request during rehashing of slot",
+    ] {
+        proxy.disarm();
+        proxy.inject("AUTH", support::proxy::Fault::Answer(busy), usize::MAX);
+        let error = DurableQueue::builder()
+            .redis(&url, "busy", &wheel)
+            .await
+            .expect_err("the proxy answers every AUTH");
+        assert!(matches!(error, Error::Unreachable(_)), "{busy}: {error:?}");
+    }
+    proxy.disarm();
+    proxy.inject(
+        "AUTH",
+        support::proxy::Fault::Answer(
+            "-WRONGPASS invalid username-password pair or user is disabled.",
+        ),
+        usize::MAX,
+    );
+    denied("WRONGPASS", Builder::default(), &url, "busy", &wheel).await;
+    proxy.disarm();
+    let queue = DurableQueue::builder()
+        .redis(&url, "busy", &wheel)
+        .await
+        .expect("admitted once the proxy stops answering");
+    round_trip(&queue, "after-busy").await;
+}
+
+/// A running queue whose reconnect meets a busy `AUTH` retries, as for a dropped connection,
+/// and the call succeeds once the server admits it.
+#[tokio::test]
+async fn a_reconnect_refused_as_busy_is_retried_until_the_server_admits_it() {
+    traces();
+    let Some(server) = redis_server::start_with(&["--requirepass", REQUIREPASS]) else {
+        return;
+    };
+    let proxy = support::proxy::Proxy::start(server.addr()).await;
+    let url = proxy
+        .url()
+        .replace("redis://", &format!("redis://:{REQUIREPASS}@"));
+    let wheel = Wheel::new();
+    let queue = DurableQueue::builder()
+        .redis(&url, "busy", &wheel)
+        .await
+        .unwrap();
+    queue.schedule(Task::new("a").id("before")).await.unwrap();
+    proxy.inject(
+        "AUTH",
+        support::proxy::Fault::Answer("-ERR max number of clients reached"),
+        4,
+    );
+    let mut admin = raw(&url_as(&server, &format!(":{REQUIREPASS}@")));
+    let () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut admin)
+        .unwrap();
+    queue
+        .schedule(Task::new("b").id("after"))
+        .await
+        .expect("retried until admitted, not denied");
+    assert!(proxy.injected() >= 1, "a reconnect met the busy AUTH");
+    assert_eq!(queue.len().await.unwrap(), 2);
+}
+
 /// A whole session with a password — including the server restarting under it, so the
 /// queue reconnects and traces its retries — and refused connects, with every trace line of
 /// them captured: no password in any error, `Debug` output or trace, nor in the error for a

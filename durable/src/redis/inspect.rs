@@ -13,8 +13,7 @@ impl Shared {
         let mut total = 0;
         for keys in &self.parts {
             let (due, inflight): (usize, usize) = self
-                .call(|| {
-                    let mut connection = self.connection.clone();
+                .call(|mut connection| {
                     let mut pipe = redis::pipe();
                     pipe.zcard(&keys.due).zcard(&keys.inflight);
                     async move { pipe.query_async(&mut connection).await }

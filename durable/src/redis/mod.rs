@@ -80,7 +80,7 @@ use tokio::sync::mpsc;
 use tokio_wheel::Wheel;
 
 pub(crate) use self::connection::Target;
-use self::connection::{classify, client, connect, with_retries};
+use self::connection::{Link, classify, client, with_retries};
 use self::engine::RedisEngine;
 use self::keys::{Keys, MAX_PARTITIONS, partition_tags};
 use self::scripts::Scripts;
@@ -108,7 +108,8 @@ pub(crate) async fn start(
             target.partitions
         )));
     }
-    let mut connection = connect(&target).await?;
+    let link = Link::open(&target).await?;
+    let mut connection = link.get();
     let _: () = redis::cmd("PING")
         .query_async(&mut connection)
         .await
@@ -147,7 +148,7 @@ pub(crate) async fn start(
             .map(|tag| Keys::new(tag))
             .collect(),
         scripts: Scripts::load(),
-        connection,
+        link,
         settings,
         replicas: target.replicas,
         cluster: target.cluster,
@@ -206,8 +207,7 @@ async fn check_permissions(shared: &Shared, channels: &[String], own: &str) -> R
         .map(String::as_str)
         .chain([own])
         .map(|channel| {
-            with_retries(move || {
-                let mut connection = shared.connection.clone();
+            with_retries(&shared.link, move |mut connection| {
                 let mut probe = redis::cmd("PUBLISH");
                 probe.arg(channel).arg("");
                 async move { probe.query_async::<()>(&mut connection).await }

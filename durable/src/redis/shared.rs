@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::connection::{Connection, RESPONSE_TIMEOUT, classify, with_retries};
+use super::connection::{Connection, Link, RESPONSE_TIMEOUT, classify, with_retries};
 use super::eviction;
 use super::keys::{Keys, partition_of};
 use super::scripts::Scripts;
@@ -41,7 +41,7 @@ pub(super) use redis_args;
 pub(crate) struct Shared {
     pub(super) parts: Vec<Keys>,
     pub(super) scripts: Scripts,
-    pub(super) connection: Connection,
+    pub(super) link: Link,
     pub(super) settings: Settings,
     /// Writes return once this many replicas have them (`WAIT`).
     pub(super) replicas: usize,
@@ -75,14 +75,14 @@ impl Shared {
     /// to another server (a restart, a failover): the next call checks its policy first.
     pub(super) async fn call<T, F, Fut>(&self, mut operation: F) -> Result<T, Error>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(Connection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        self.eviction.admit(&self.connection, self.cluster).await?;
+        self.eviction.admit(&self.link.get(), self.cluster).await?;
         let mut tries = 0;
-        let result = with_retries(|| {
+        let result = with_retries(&self.link, |connection| {
             tries += 1;
-            operation()
+            operation(connection)
         })
         .await;
         if tries > 1 {
@@ -98,8 +98,7 @@ impl Shared {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T, Error> {
-        self.call(|| {
-            let mut connection = self.connection.clone();
+        self.call(|mut connection| {
             let mut invocation = script.prepare_invoke();
             for key in keys {
                 invocation.key(*key);
@@ -135,7 +134,7 @@ impl Shared {
         let timeout = delay_ms_floor(REPLICA_TIMEOUT);
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.replicas).arg(timeout);
-        let acknowledged: usize = match &self.connection {
+        let acknowledged: usize = match &self.link.get() {
             Connection::Single(connection) => {
                 let mut connection = connection.clone();
                 wait.query_async(&mut connection)
