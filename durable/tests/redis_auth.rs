@@ -427,6 +427,49 @@ async fn a_reconnect_refused_as_busy_is_retried_until_the_server_admits_it() {
     assert_eq!(queue.len().await.unwrap(), 2);
 }
 
+/// The permission check at open covers every partition: an ACL user whose key patterns
+/// admit only partition 0 (and the config key) is denied at open with `partitions(4)`,
+/// naming the keys, while one admitted to every partition opens.
+#[tokio::test]
+async fn a_user_admitted_to_one_partition_only_is_denied_at_open() {
+    traces();
+    let Some(server) = redis_server::start() else {
+        return;
+    };
+    let mut admin = raw(&server.url());
+    // Partition p of queue "parts" has the hash tag `parts~p~k` (`redis/keys.rs`).
+    for (user, keys) in [
+        ("onepart", "~tw:{parts}:* ~tw:{parts~0~*"),
+        ("allparts", "~tw:{parts}:* ~tw:{parts~*"),
+    ] {
+        let mut command = redis::cmd("ACL");
+        command.arg("SETUSER").arg(user).arg("reset").arg("on");
+        command.arg(format!(">{LIMITED_PASSWORD}"));
+        command.arg(keys.split(' ').collect::<Vec<_>>());
+        command.arg("&*").arg("+@all");
+        let () = command.query(&mut admin).unwrap();
+    }
+    let wheel = Wheel::new();
+    let url = url_as(&server, &format!("onepart:{LIMITED_PASSWORD}@"));
+    let error = denied(
+        "a user of partition 0 only",
+        Builder::default().partitions(4),
+        &url,
+        "parts",
+        &wheel,
+    )
+    .await;
+    let text = format!("{error}").to_lowercase();
+    assert!(text.contains("noperm") && text.contains("keys"), "{error}");
+    let url = url_as(&server, &format!("allparts:{LIMITED_PASSWORD}@"));
+    let queue = DurableQueue::builder()
+        .partitions(4)
+        .redis(&url, "parts", &wheel)
+        .await
+        .expect("a user of every partition is admitted");
+    round_trip(&queue, "in-some-partition").await;
+}
+
 /// A whole session with a password — including the server restarting under it, so the
 /// queue reconnects and traces its retries — and refused connects, with every trace line of
 /// them captured: no password in any error, `Debug` output or trace, nor in the error for a

@@ -190,17 +190,21 @@ pub(crate) async fn start(
 /// A user the server lets connect may still lack a permission the queue needs: finds out
 /// at open ([`Error::Denied`] with the server's NOPERM), not at some later call — or never,
 /// for a worker that may not subscribe and so waits for wake-ups forever. A read-only script
-/// checks scripts and keys; an empty message on every wake channel checks channels (PUBLISH
-/// needs the same permission as SUBSCRIBE, whose refusal the redis crate does not report;
-/// listeners ignore empty messages, and this worker's own channel has no listener yet).
+/// on every partition checks scripts and keys; an empty message on every wake channel checks
+/// channels (PUBLISH needs the same permission as SUBSCRIBE, whose refusal the redis crate
+/// does not report; listeners ignore empty messages, and this worker's own channel has no
+/// listener yet).
 async fn check_permissions(shared: &Shared, channels: &[String], own: &str) -> Result<(), Error> {
-    let _: Vec<u64> = shared
-        .invoke(
-            &shared.scripts.stats,
-            &shared.parts[0].stats_keys(),
-            redis_args!["tw-stats"],
-        )
-        .await?;
+    // Every partition: an ACL that admits partition 0's keys only would otherwise pass here
+    // and fail later, on the tasks that hash elsewhere.
+    let reads = shared.parts.iter().map(|keys| async move {
+        let keys = keys.stats_keys();
+        let args = redis_args!["tw-stats"];
+        shared
+            .invoke::<Vec<u64>>(&shared.scripts.stats, &keys, args)
+            .await
+    });
+    futures::future::try_join_all(reads).await?;
     // One command per channel (a cluster pipeline wants a single slot), sent together.
     let probes = channels
         .iter()
