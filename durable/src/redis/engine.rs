@@ -558,6 +558,7 @@ impl RedisEngine {
             | Request::Get(..)
             | Request::List(..)
             | Request::DeadPage(..)
+            | Request::ListPage(..)
             | Request::Purge { .. }
             | Request::Stats(..)
             | Request::ScheduleRecurring(..)
