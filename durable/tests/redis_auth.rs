@@ -852,3 +852,93 @@ async fn with_replicas_a_write_no_replica_acknowledges_in_time_is_unreachable() 
     assert!(has_task(&master, "lost", "unreplicated"), "on the master");
     drop(frozen);
 }
+
+/// Polls (without blocking the runtime) until the master has the task.
+async fn until_on_master(master: &RedisServer, name: &str, id: &str) {
+    let start = Instant::now();
+    while !has_task(master, name, id) {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{id} never reached the master"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+/// `replicas(1)`: a write waits for its replica on a connection of its own, so while it
+/// waits for a frozen replica the handle's other calls (`len`, `get`, another handle's
+/// schedule without replicas) go on: they return before the waiting write does.
+#[tokio::test]
+async fn a_write_waiting_for_a_frozen_replica_does_not_hold_up_other_calls() {
+    let Some((master, replica)) = master_and_replica() else {
+        return;
+    };
+    let wheel = Wheel::new();
+    let queue = DurableQueue::builder()
+        .replicas(1)
+        .redis(&master.url(), "waits", &wheel)
+        .await
+        .unwrap();
+    queue.schedule(Task::new("w").id("warm-up")).await.unwrap();
+    let frozen = Frozen::new(&replica);
+    let waiting = tokio::spawn({
+        let queue = queue.clone();
+        async move { queue.schedule(Task::new("r").id("waiting")).await }
+    });
+    until_on_master(&master, "waits", "waiting").await;
+    assert!(!waiting.is_finished(), "waits for the frozen replica");
+    let len = queue.len().await.unwrap();
+    let warm_up = queue.get(&"warm-up".into()).await.unwrap();
+    assert!(
+        !waiting.is_finished(),
+        "the reads returned only after the waiting write"
+    );
+    assert_eq!(len, 2);
+    assert!(warm_up.is_some());
+    drop(frozen);
+    waiting
+        .await
+        .unwrap()
+        .expect("returns once the replica is thawed and has it");
+}
+
+/// Asking for more replicas than there are, or for one that was killed: every write fails
+/// clearly ("0 of 1", "1 of 2"), after the wait window, with the write on the master; reads
+/// meanwhile go on.
+#[tokio::test]
+async fn with_a_killed_or_missing_replica_writes_fail_clearly_and_reads_go_on() {
+    let Some((master, mut replica)) = master_and_replica() else {
+        return;
+    };
+    let wheel = Wheel::new();
+    let two = DurableQueue::builder()
+        .replicas(2)
+        .redis(&master.url(), "missing", &wheel)
+        .await
+        .expect("connects: replicas are counted per write");
+    let write = tokio::spawn({
+        let two = two.clone();
+        async move { two.schedule(Task::new("m").id("two")).await }
+    });
+    until_on_master(&master, "missing", "two").await;
+    assert_eq!(two.len().await.unwrap(), 1);
+    assert!(!write.is_finished(), "the read returned first");
+    let error = write.await.unwrap().expect_err("only one replica");
+    assert!(format!("{error}").contains("1 of 2 replicas"), "{error}");
+
+    replica.stop();
+    let one = DurableQueue::builder()
+        .replicas(1)
+        .redis(&master.url(), "killed", &wheel)
+        .await
+        .unwrap();
+    let error = one
+        .schedule(Task::new("k").id("killed"))
+        .await
+        .expect_err("the replica is gone");
+    assert!(
+        matches!(error, Error::Unreachable(_)) && format!("{error}").contains("0 of 1"),
+        "{error}"
+    );
+    assert!(has_task(&master, "killed", "killed"), "on the master");
+}

@@ -237,10 +237,19 @@ where
     F: FnMut(Connection) -> Fut,
     Fut: Future<Output = redis::RedisResult<T>>,
 {
+    retrying(link, || operation(link.get())).await
+}
+
+/// [`with_retries`] for an operation that brings its own connection (a waiting write's).
+pub(super) async fn retrying<T, F, Fut>(link: &Link, mut operation: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = redis::RedisResult<T>>,
+{
     let start = Instant::now();
     let mut delay = RETRY_BACKOFF.0;
     loop {
-        let error = match operation(link.get()).await {
+        let error = match operation().await {
             Ok(value) => return Ok(value),
             Err(error) => error,
         };
@@ -302,6 +311,14 @@ async fn connect(target: &Target) -> Result<Connection, Error> {
             Err(error) => Err(connect_error(target, &error).await),
         };
     }
+    match cluster_client(target)?.get_async_connection().await {
+        Ok(connection) => Ok(Connection::Cluster(connection)),
+        Err(error) => Err(connect_error(target, &error).await),
+    }
+}
+
+/// A client for the cluster the target's URLs name.
+pub(super) fn cluster_client(target: &Target) -> Result<redis::cluster::ClusterClient, Error> {
     #[cfg_attr(not(feature = "redis-tls"), allow(unused_mut))]
     let mut builder =
         redis::cluster::ClusterClient::builder(target.urls.iter().map(String::as_str))
@@ -316,13 +333,9 @@ async fn connect(target: &Target) -> Result<Connection, Error> {
             root_cert: Some(roots.clone()),
         });
     }
-    let client = builder
+    builder
         .build()
-        .map_err(|e| Error::Invalid(format!("the Redis Cluster URLs cannot be used: {e}")))?;
-    match client.get_async_connection().await {
-        Ok(connection) => Ok(Connection::Cluster(connection)),
-        Err(error) => Err(connect_error(target, &error).await),
-    }
+        .map_err(|e| Error::Invalid(format!("the Redis Cluster URLs cannot be used: {e}")))
 }
 
 /// Why connecting failed: a refused `AUTH` is asked again (see [`Probe`]).

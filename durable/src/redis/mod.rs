@@ -59,6 +59,7 @@
 //! | `keys.rs` | the keys of a partition, hash slots, partition tags, which partition a task is in |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts, one per file, each opening with its KEYS, ARGV, reply and invariant |
 //! | `shared.rs` | [`Shared`]: a queue's connection, partitions and scripts, and running a script (retries, replicas) |
+//! | `replicas.rs` | writes that wait for replicas: the script and its `WAIT` as one pipeline on a connection of their own |
 //! | `calls.rs` | schedule, change, recurring schedules, and a delivery's finish, extend and release |
 //! | `inspect.rs` | get, list, dead letters, stats, purge |
 //! | `engine.rs` | the claiming loop: claim rounds, prefetch buffers and their leases, renewals, retention |
@@ -70,6 +71,7 @@ mod engine;
 mod eviction;
 mod inspect;
 mod keys;
+mod replicas;
 mod scripts;
 mod shared;
 mod wake;
@@ -153,6 +155,10 @@ pub(crate) async fn start(
         replicas: target.replicas,
         cluster: target.cluster,
         eviction: eviction::Guard::new(target.allow_evicting_server),
+        waiting: match target.replicas {
+            0 => None,
+            _ => Some(replicas::Waiting::new(&target)?),
+        },
     });
     let (wake_sender, wakes) = mpsc::unbounded_channel();
     let attachment = attach(wheel);
