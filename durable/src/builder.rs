@@ -150,6 +150,10 @@ impl Builder {
     /// [`Error::Unreachable`] — the write is then on the master but may be lost with it.
     /// Default 0: a write returns once the master has it. Claims are not waited for (a claim
     /// lost in a failover is delivered again after its lease).
+    ///
+    /// Each waiting write sends its script and its `WAIT` as one pipeline on a connection of
+    /// its own (a pool of at most 16 for the handle), so no reconnect comes between them and
+    /// a `WAIT` held up by a slow replica never delays the handle's other calls.
     #[cfg(feature = "redis")]
     pub fn replicas(mut self, n: usize) -> Builder {
         self.replicas = n;
