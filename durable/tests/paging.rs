@@ -267,3 +267,42 @@ async fn malformed_and_foreign_cursors_are_refused_or_harmless(backend: Backend)
     assert_eq!(second.items.len(), 3);
     assert!(second.next.is_none());
 }
+
+/// On a Redis queue spread over partitions, pages go one partition after another; with a
+/// cursor's own task cancelled between pages, every other task is listed once, in the order
+/// `list` gives.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_a_partitioned_redis_queue_every_task_is_listed_once() {
+    let Some(f) = fixture(Backend::Redis) else {
+        return;
+    };
+    let queue = f
+        .open_named(DurableQueue::builder().partitions(4), "parts")
+        .await;
+    let base = hour_from_now();
+    for i in 0..200u64 {
+        let due = base + Duration::from_millis(i % 3);
+        queue
+            .schedule(Task::new("p").id(format!("p{i:03}")).at(due))
+            .await
+            .unwrap();
+    }
+    let whole = ids(&queue.list(TaskFilter::Pending, None, 1000).await.unwrap());
+    assert_eq!(whole.len(), 200);
+    let mut seen = Vec::new();
+    let mut cancelled = HashSet::new();
+    let mut cursor: Option<Cursor> = None;
+    loop {
+        let next = page(&queue, TaskFilter::Pending, cursor.as_ref(), 7).await;
+        seen.extend(ids(&next.items));
+        let Some(at) = next.next else { break };
+        let own = next.items.last().unwrap().id.clone();
+        assert!(queue.cancel(&own).await.unwrap());
+        cancelled.insert(own.to_string());
+        cursor = Some(at);
+    }
+    let expected: Vec<&String> = whole.iter().filter(|id| !cancelled.contains(*id)).collect();
+    let others: Vec<&String> = seen.iter().filter(|id| !cancelled.contains(*id)).collect();
+    assert_eq!(others, expected);
+}

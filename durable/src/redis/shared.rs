@@ -46,7 +46,7 @@ pub(crate) struct Shared {
     pub(super) settings: Settings,
     /// Writes return once this many replicas have them (`WAIT`).
     pub(super) replicas: usize,
-    /// A Redis Cluster (its policy is checked on every node).
+    /// A Redis Cluster (its policy is checked on every master).
     pub(super) cluster: bool,
     /// Whether the server's `maxmemory-policy` lets calls go on (see `eviction.rs`).
     pub(super) eviction: eviction::Guard,
