@@ -25,6 +25,7 @@ pub struct Builder {
     check_integrity: bool,
     partitions: usize,
     replicas: usize,
+    allow_evicting_server: bool,
     tls_roots: Option<Vec<u8>>,
 }
 
@@ -40,6 +41,7 @@ impl fmt::Debug for Builder {
             .field("check_integrity", &self.check_integrity)
             .field("partitions", &self.partitions)
             .field("replicas", &self.replicas)
+            .field("allow_evicting_server", &self.allow_evicting_server)
             .field("tls_roots", &self.tls_roots.as_ref().map(Vec::len))
             .finish()
     }
@@ -57,6 +59,7 @@ impl Default for Builder {
             check_integrity: false,
             partitions: 1,
             replicas: 0,
+            allow_evicting_server: false,
             tls_roots: None,
         }
     }
@@ -147,9 +150,43 @@ impl Builder {
     /// [`Error::Unreachable`] — the write is then on the master but may be lost with it.
     /// Default 0: a write returns once the master has it. Claims are not waited for (a claim
     /// lost in a failover is delivered again after its lease).
+    ///
+    /// Each waiting write sends its script and its `WAIT` as one pipeline on a connection of
+    /// its own (a pool of at most 16 for the handle), so no reconnect comes between them and
+    /// a `WAIT` held up by a slow replica never delays the handle's other calls.
     #[cfg(feature = "redis")]
     pub fn replicas(mut self, n: usize) -> Builder {
         self.replicas = n;
+        self
+    }
+
+    /// Redis: connect even to a server whose `maxmemory-policy` may evict the queue's keys
+    /// (default `false`: refused).
+    ///
+    /// A queue's tasks are keys without a TTL. On a server with an `allkeys-*` policy (common
+    /// on caches) they are deleted when memory fills, with no error anywhere, so
+    /// [`redis`](Builder::redis) and [`redis_cluster`](Builder::redis_cluster) refuse such a
+    /// server with [`Error::Invalid`] naming the policy, and a running handle whose server is
+    /// switched to one fails its calls with that error rather than lose tasks silently
+    /// (checked before a call every 5 s at most, and at once after a reconnect).
+    /// `noeviction` is accepted; so is `volatile-*` (it evicts only keys with a TTL: the
+    /// queue's idempotency marks and claim records, never a task), with a warning. A server
+    /// that answers neither `CONFIG GET maxmemory-policy` nor `INFO memory` is refused too.
+    ///
+    /// Turn this on only if you know the server never fills its memory (or its policy is
+    /// `noeviction` but it hides it): the policy is then only logged at connect, never
+    /// checked again, and nothing protects the tasks from eviction.
+    ///
+    /// ```
+    /// use tokio_wheel_durable::DurableQueue;
+    ///
+    /// // A cache server whose memory the operator guarantees never fills.
+    /// let builder = DurableQueue::builder().allow_evicting_server(true);
+    /// # let _ = builder;
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn allow_evicting_server(mut self, allow: bool) -> Builder {
+        self.allow_evicting_server = allow;
         self
     }
 
@@ -217,7 +254,9 @@ impl Builder {
     ///
     /// [`Error::Unreachable`] if it cannot connect, [`Error::Denied`] at once if the server
     /// refuses the credentials or the server's certificate is not trusted, [`Error::Invalid`]
-    /// for a bad URL, a zero lease, or a partition count other than the queue's,
+    /// for a bad URL, a zero lease, a partition count other than the queue's, or a server
+    /// whose `maxmemory-policy` would evict the queue's tasks (see
+    /// [`allow_evicting_server`](Builder::allow_evicting_server)),
     /// [`Error::Closed`] if the wheel has shut down.
     #[cfg(feature = "redis")]
     pub async fn redis(self, url: &str, name: &str, wheel: &Wheel) -> Result<DurableQueue, Error> {
@@ -264,6 +303,7 @@ impl Builder {
             cluster,
             partitions: self.partitions,
             replicas: self.replicas,
+            allow_evicting_server: self.allow_evicting_server,
             tls_roots: self.tls_roots.clone(),
         };
         let (requests, shared) = crate::redis::start(target, name, settings, wheel).await?;

@@ -83,6 +83,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code))))]
 
 mod builder;
+mod cursor;
 mod delivery;
 mod embedded;
 mod error;
@@ -101,6 +102,7 @@ pub use self::embedded::store;
 pub(crate) use self::embedded::{engine, tasks};
 
 pub use self::builder::Builder;
+pub use self::cursor::{Cursor, Page};
 pub use self::delivery::{Deliveries, Delivery};
 pub use self::error::Error;
 pub use self::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState};
@@ -112,8 +114,8 @@ pub use self::task::{DeadLetter, Task, TaskId};
 pub(crate) use self::task::{MAX_DUE_MS, delay_ms, epoch_ms};
 #[cfg_attr(not(feature = "redis"), allow(unused_imports))]
 pub(crate) use self::{delivery::Outcome, task::Due};
-/// The most entries one page of [`DurableQueue::list`] or [`DurableQueue::dead_letters_page`]
-/// returns.
+/// The most entries one page of [`DurableQueue::list`], [`DurableQueue::list_page`] or
+/// [`DurableQueue::dead_letters_page`] returns.
 pub const PAGE_LIMIT: usize = 1000;
 
 /// The README's code samples, compiled as doc tests so they cannot rot.

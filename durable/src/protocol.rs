@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use tokio_wheel::{Stopped, Wheel};
 
 use crate::{
-    DeadLetter, Delivery, Error, QueueStats, Recurring, RetryPolicy, Task, TaskFilter, TaskId,
-    TaskInfo,
+    Cursor, DeadLetter, Delivery, Error, Page, QueueStats, Recurring, RetryPolicy, Task,
+    TaskFilter, TaskId, TaskInfo,
 };
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, Error>>;
@@ -51,6 +51,8 @@ pub(crate) enum Request {
     /// Filter, cursor, limit.
     List(TaskFilter, Option<String>, usize, Reply<Vec<TaskInfo>>),
     DeadPage(Option<String>, usize, Reply<Vec<DeadLetter>>),
+    /// Filter, position cursor (checked to be of that filter), limit (at least 1).
+    ListPage(TaskFilter, Option<Cursor>, usize, Reply<Page>),
     /// Purges dead letters that died before a time (ms): bounded per step, the request goes on
     /// in the next step until done. Retention sends it without a reply.
     Purge {

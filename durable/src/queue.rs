@@ -12,7 +12,7 @@ use tokio_wheel::Wheel;
 
 use crate::protocol::{Consumer, Request};
 use crate::{Builder, DeadLetter, Deliveries, Error, Task, TaskId, delay_ms, epoch_ms};
-use crate::{PAGE_LIMIT, QueueStats, Recurring, TaskFilter, TaskInfo};
+use crate::{Cursor, PAGE_LIMIT, Page, QueueStats, Recurring, TaskFilter, TaskInfo};
 
 /// Where a handle's calls go: through the engine task (embedded: it owns the store), or
 /// straight to the Redis server from the caller's task (each call is one atomic script; the
@@ -84,9 +84,13 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Io`],
-    /// [`Error::Unreachable`], [`Error::Closed`].
+    /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Invalid`] for
+    /// an id of the form reserved for recurring occurrences (`…@` and digits, see
+    /// [`TaskId::is_occurrence`]), [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+        if let Some(id) = &task.id {
+            id.check_schedulable()?;
+        }
         #[cfg(feature = "redis")]
         if let Some(redis) = self.redis()? {
             return redis.schedule(task).await;
@@ -226,6 +230,68 @@ impl DurableQueue {
             .await
     }
 
+    /// A page of at most `limit` tasks (capped at [`PAGE_LIMIT`]) in one state, from the start
+    /// (`cursor` `None`) or from a position a previous page returned as [`Page::next`]:
+    /// pending tasks in due order (ties in schedule order), in-flight tasks in order of lease
+    /// end (ties by id), dead letters in the order they died. `next` is `None` once a page
+    /// comes back short: the end of the list.
+    ///
+    /// Unlike [`list`](DurableQueue::list), which continues after a task where that task is
+    /// *now*, a [`Cursor`] is a fixed position in the order: whatever happens to the task it
+    /// was taken from between pages (rescheduled, acked, replaced, cancelled, dead), the
+    /// next page starts right after that position, so no task that stayed in place is
+    /// skipped or listed twice. Tasks that move meanwhile are listed where each page finds
+    /// them (once, twice or not at all), as in any live list. On a Redis queue with
+    /// [`partitions`](crate::Builder::partitions) the list goes one partition after another,
+    /// in order within each.
+    ///
+    /// Each page is one bounded read (Redis: a binary search for the position among the
+    /// entries of its time, then `ZRANGE … LIMIT`; embedded: a range of the index).
+    ///
+    /// ```
+    /// # use tokio_wheel_durable::{DurableQueue, Error, Page, TaskFilter, TaskInfo};
+    /// # async fn all_pending(queue: &DurableQueue) -> Result<Vec<TaskInfo>, Error> {
+    /// let mut all = Vec::new();
+    /// let mut cursor = None;
+    /// loop {
+    ///     let page: Page = queue.list_page(TaskFilter::Pending, cursor.as_ref(), 100).await?;
+    ///     all.extend(page.items);
+    ///     match page.next {
+    ///         Some(next) => cursor = Some(next), // or print it: `next.to_string()`
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(all)
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a `limit` of 0 or a cursor of another list (a cursor string
+    /// that does not parse is refused by [`str::parse`] already), [`Error::Io`],
+    /// [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn list_page(
+        &self,
+        filter: TaskFilter,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Page, Error> {
+        if limit == 0 {
+            return Err(Error::Invalid(
+                "a page holds at least one task (limit 0)".into(),
+            ));
+        }
+        let limit = limit.min(PAGE_LIMIT);
+        let cursor = cursor.map(|c| c.for_list(filter)).transpose()?;
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.list_page(filter, cursor, limit).await;
+        }
+        let cursor = cursor.cloned();
+        self.ask(|reply| Request::ListPage(filter, cursor, limit, reply))
+            .await
+    }
+
     /// A page of at most `limit` dead letters (capped at [`PAGE_LIMIT`]) with their
     /// payloads, in the order they died, after the dead letter `after`.
     ///
@@ -287,7 +353,9 @@ impl DurableQueue {
     }
 
     /// Stores a recurring schedule and returns its id once it is durable. Each occurrence is
-    /// delivered once, as an ordinary [`Delivery`](crate::Delivery) with the id `"{id}@{ms}"` whose
+    /// delivered once, as an ordinary [`Delivery`](crate::Delivery) with the id `"{id}@{ms}"` (a
+    /// form [`schedule`](DurableQueue::schedule) refuses, so no task of yours stands in for
+    /// an occurrence) whose
     /// [`due`](crate::Delivery::due) is the occurrence's time, across every worker and restart (see
     /// [`Recurring`]). Declaring the same id with the same definition again keeps the
     /// schedule as it is, so every process may declare its schedules at start-up.
@@ -297,7 +365,8 @@ impl DurableQueue {
     ///
     /// # Errors
     ///
-    /// [`Error::Invalid`] for a period under 1 ms, [`Error::InFlight`] if a task of that id
+    /// [`Error::Invalid`] for a period under 1 ms or an id of the form reserved for
+    /// occurrences (see [`TaskId::is_occurrence`]), [`Error::InFlight`] if a task of that id
     /// is being delivered, [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
     pub async fn schedule_recurring(&self, recurring: Recurring) -> Result<TaskId, Error> {
         #[cfg(feature = "redis")]

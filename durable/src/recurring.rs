@@ -7,9 +7,12 @@
 //! `"{id}@{occurrence in ms since the Unix epoch}"` and moves the schedule on to its next
 //! occurrence, in one atomic step. An occurrence is owed once: the schedule remembers up to
 //! when it has made them, so a worker that dies mid-way, a second worker, or a restart never
-//! makes one twice. Those ids belong to the occurrences: a task scheduled under one
-//! (`"report@1767225600000"`, say) stands in that occurrence's place, and the occurrence is not
-//! made — choose schedule ids that ordinary task ids cannot collide with.
+//! makes one twice. That form — an id ending in `@` and digits — is reserved for them:
+//! [`DurableQueue::schedule`](super::DurableQueue::schedule) and `schedule_recurring` refuse
+//! it ([`Error::Invalid`]; see [`TaskId::is_occurrence`]), so no task of yours can stand in
+//! an occurrence's place. (A task stored under such an id before this rule — by an older
+//! version — is still delivered and acked like any task; if it has an occurrence's exact
+//! id, that occurrence is not made again.)
 //!
 //! Occurrences missed while nothing consumed the queue are collapsed into one by default
 //! ([`CatchUp::Latest`]); [`CatchUp::All`] makes each of them (the latest
@@ -146,6 +149,8 @@ impl Recurring {
             .id
             .clone()
             .unwrap_or_else(|| TaskId::from(self.definition()));
+        // A schedule named like an occurrence would take that occurrence's place.
+        id.check_schedulable()?;
         let kind = match &self.schedule {
             Schedule::Every(period) => {
                 if *period < Duration::from_millis(1) {

@@ -14,6 +14,43 @@ impl TaskId {
         &self.0
     }
 
+    /// Whether the id has the form reserved for the occurrences of recurring schedules: it
+    /// ends in `@` followed by one or more ASCII digits (`"report@1767225600000"`, the
+    /// occurrence of schedule `report` due at that millisecond).
+    ///
+    /// [`DurableQueue::schedule`](crate::DurableQueue::schedule) and
+    /// [`schedule_recurring`](crate::DurableQueue::schedule_recurring) refuse such ids
+    /// ([`Error::Invalid`](crate::Error::Invalid)), so a task of yours can never stand in for
+    /// an occurrence; every other call takes them (an occurrence is cancelled, rescheduled,
+    /// inspected or redriven by its id like any task).
+    ///
+    /// ```
+    /// use tokio_wheel_durable::TaskId;
+    ///
+    /// assert!(TaskId::from("report@1767225600000").is_occurrence());
+    /// assert!(!TaskId::from("order-42").is_occurrence());
+    /// assert!(!TaskId::from("alice@example.com").is_occurrence());
+    /// assert!(!TaskId::from("build@v2").is_occurrence());
+    /// ```
+    pub fn is_occurrence(&self) -> bool {
+        self.0
+            .rsplit_once('@')
+            .is_some_and(|(_, at)| !at.is_empty() && at.bytes().all(|b| b.is_ascii_digit()))
+    }
+
+    /// [`Error::Invalid`](crate::Error::Invalid) for an id a user may not schedule (see
+    /// [`is_occurrence`](TaskId::is_occurrence)).
+    pub(crate) fn check_schedulable(&self) -> Result<(), crate::Error> {
+        if self.is_occurrence() {
+            return Err(crate::Error::Invalid(format!(
+                "task id {:?} ends in '@' and digits, the form reserved for the occurrences \
+                 of recurring schedules (\"{{schedule id}}@{{ms}}\"): choose another id",
+                self.0
+            )));
+        }
+        Ok(())
+    }
+
     /// A new id, unique across processes and restarts (time, process and counter).
     pub(crate) fn generate() -> TaskId {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -105,7 +142,9 @@ impl Task {
         Ok(Task::new(serde_json::to_vec(value)?))
     }
 
-    /// Gives the task an id (scheduling an existing pending or dead id replaces it).
+    /// Gives the task an id (scheduling an existing pending or dead id replaces it). Ids that
+    /// end in `@` and digits are reserved for recurring occurrences: scheduling one is
+    /// [`Error::Invalid`](crate::Error::Invalid) (see [`TaskId::is_occurrence`]).
     pub fn id(mut self, id: impl Into<String>) -> Task {
         self.id = Some(TaskId(id.into()));
         self

@@ -295,6 +295,181 @@ async fn acl_users_are_admitted_by_password_and_one_lacking_a_permission_is_deni
     assert_no_password_in(&texts);
 }
 
+/// A server at its client limit answers "ERR max number of clients reached" — also to
+/// `AUTH`, which the redis crate reports as a failed password. That is a server that cannot
+/// take one more client now: [`Error::Unreachable`] (transient), never [`Error::Denied`]; a
+/// wrong password is still denied at once.
+#[tokio::test]
+async fn a_server_at_its_client_limit_is_unreachable_not_denied() {
+    traces();
+    let Some(server) =
+        redis_server::start_with(&["--maxclients", "1", "--requirepass", REQUIREPASS])
+    else {
+        return;
+    };
+    let url = url_as(&server, &format!(":{REQUIREPASS}@"));
+    // Hold the only client slot (the server's own start-up probe may still hold it a moment).
+    let start = Instant::now();
+    let held = loop {
+        let connection = redis::Client::open(url.as_str()).unwrap().get_connection();
+        if let Ok(mut connection) = connection
+            && redis::cmd("PING").query::<String>(&mut connection).is_ok()
+        {
+            break connection;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "no slot");
+        std::thread::sleep(ms(20));
+    };
+    let wheel = Wheel::new();
+    let error = DurableQueue::builder()
+        .redis(&url, "full", &wheel)
+        .await
+        .expect_err("no slot for the queue");
+    assert!(
+        matches!(error, Error::Unreachable(_)) && error.is_transient(),
+        "{error:?}"
+    );
+    drop(held);
+    let wrong = url_as(&server, &format!(":{WRONG_PASSWORD}@"));
+    denied(
+        "a wrong password",
+        Builder::default(),
+        &wrong,
+        "full",
+        &wheel,
+    )
+    .await;
+}
+
+/// The same replies from a proxy that answers `AUTH` for the server, deterministically: a
+/// client limit and each busy code (`LOADING`, `BUSY`, `MASTERDOWN`, `TRYAGAIN`) are
+/// unreachable, a `WRONGPASS` is denied.
+#[tokio::test]
+async fn busy_replies_to_auth_are_unreachable_and_wrongpass_is_denied() {
+    traces();
+    let Some(server) = redis_server::start_with(&["--requirepass", REQUIREPASS]) else {
+        return;
+    };
+    let proxy = support::proxy::Proxy::start(server.addr()).await;
+    let url = proxy
+        .url()
+        .replace("redis://", &format!("redis://:{REQUIREPASS}@"));
+    let wheel = Wheel::new();
+    for busy in [
+        "-ERR max number of clients reached",
+        "-LOADING Redis is loading the dataset in memory",
+        "-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "-TRYAGAIN Multiple keys request during rehashing of slot",
+    ] {
+        proxy.disarm();
+        proxy.inject("AUTH", support::proxy::Fault::Answer(busy), usize::MAX);
+        let error = DurableQueue::builder()
+            .redis(&url, "busy", &wheel)
+            .await
+            .expect_err("the proxy answers every AUTH");
+        assert!(matches!(error, Error::Unreachable(_)), "{busy}: {error:?}");
+    }
+    proxy.disarm();
+    proxy.inject(
+        "AUTH",
+        support::proxy::Fault::Answer(
+            "-WRONGPASS invalid username-password pair or user is disabled.",
+        ),
+        usize::MAX,
+    );
+    denied("WRONGPASS", Builder::default(), &url, "busy", &wheel).await;
+    proxy.disarm();
+    let queue = DurableQueue::builder()
+        .redis(&url, "busy", &wheel)
+        .await
+        .expect("admitted once the proxy stops answering");
+    round_trip(&queue, "after-busy").await;
+}
+
+/// A running queue whose reconnect meets a busy `AUTH` retries, as for a dropped connection,
+/// and the call succeeds once the server admits it.
+#[tokio::test]
+async fn a_reconnect_refused_as_busy_is_retried_until_the_server_admits_it() {
+    traces();
+    let Some(server) = redis_server::start_with(&["--requirepass", REQUIREPASS]) else {
+        return;
+    };
+    let proxy = support::proxy::Proxy::start(server.addr()).await;
+    let url = proxy
+        .url()
+        .replace("redis://", &format!("redis://:{REQUIREPASS}@"));
+    let wheel = Wheel::new();
+    let queue = DurableQueue::builder()
+        .redis(&url, "busy", &wheel)
+        .await
+        .unwrap();
+    queue.schedule(Task::new("a").id("before")).await.unwrap();
+    proxy.inject(
+        "AUTH",
+        support::proxy::Fault::Answer("-ERR max number of clients reached"),
+        4,
+    );
+    let mut admin = raw(&url_as(&server, &format!(":{REQUIREPASS}@")));
+    let () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut admin)
+        .unwrap();
+    queue
+        .schedule(Task::new("b").id("after"))
+        .await
+        .expect("retried until admitted, not denied");
+    assert!(proxy.injected() >= 1, "a reconnect met the busy AUTH");
+    assert_eq!(queue.len().await.unwrap(), 2);
+}
+
+/// The permission check at open covers every partition: an ACL user whose key patterns
+/// admit only partition 0 (and the config key) is denied at open with `partitions(4)`,
+/// naming the keys, while one admitted to every partition opens.
+#[tokio::test]
+async fn a_user_admitted_to_one_partition_only_is_denied_at_open() {
+    traces();
+    let Some(server) = redis_server::start() else {
+        return;
+    };
+    let mut admin = raw(&server.url());
+    // Partition p of queue "parts" has the hash tag `parts~p~k` (`redis/keys.rs`).
+    for (user, keys) in [
+        ("onepart", "~tw:{parts}:* ~tw:{parts~0~*"),
+        ("allparts", "~tw:{parts}:* ~tw:{parts~*"),
+    ] {
+        let mut command = redis::cmd("ACL");
+        command.arg("SETUSER").arg(user).arg("reset").arg("on");
+        command.arg(format!(">{LIMITED_PASSWORD}"));
+        command.arg(keys.split(' ').collect::<Vec<_>>());
+        command.arg("&*").arg("+@all");
+        let () = command.query(&mut admin).unwrap();
+    }
+    let wheel = Wheel::new();
+    let url = url_as(&server, &format!("onepart:{LIMITED_PASSWORD}@"));
+    let error = denied(
+        "a user of partition 0 only",
+        Builder::default().partitions(4),
+        &url,
+        "parts",
+        &wheel,
+    )
+    .await;
+    let text = format!("{error}").to_lowercase();
+    assert!(text.contains("noperm") && text.contains("keys"), "{error}");
+    let url = url_as(&server, &format!("allparts:{LIMITED_PASSWORD}@"));
+    let queue = DurableQueue::builder()
+        .partitions(4)
+        .redis(&url, "parts", &wheel)
+        .await
+        .expect("a user of every partition is admitted");
+    round_trip(&queue, "in-some-partition").await;
+}
+
 /// A whole session with a password — including the server restarting under it, so the
 /// queue reconnects and traces its retries — and refused connects, with every trace line of
 /// them captured: no password in any error, `Debug` output or trace, nor in the error for a
@@ -676,4 +851,94 @@ async fn with_replicas_a_write_no_replica_acknowledges_in_time_is_unreachable() 
     );
     assert!(has_task(&master, "lost", "unreplicated"), "on the master");
     drop(frozen);
+}
+
+/// Polls (without blocking the runtime) until the master has the task.
+async fn until_on_master(master: &RedisServer, name: &str, id: &str) {
+    let start = Instant::now();
+    while !has_task(master, name, id) {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{id} never reached the master"
+        );
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+/// `replicas(1)`: a write waits for its replica on a connection of its own, so while it
+/// waits for a frozen replica the handle's other calls (`len`, `get`, another handle's
+/// schedule without replicas) go on: they return before the waiting write does.
+#[tokio::test]
+async fn a_write_waiting_for_a_frozen_replica_does_not_hold_up_other_calls() {
+    let Some((master, replica)) = master_and_replica() else {
+        return;
+    };
+    let wheel = Wheel::new();
+    let queue = DurableQueue::builder()
+        .replicas(1)
+        .redis(&master.url(), "waits", &wheel)
+        .await
+        .unwrap();
+    queue.schedule(Task::new("w").id("warm-up")).await.unwrap();
+    let frozen = Frozen::new(&replica);
+    let waiting = tokio::spawn({
+        let queue = queue.clone();
+        async move { queue.schedule(Task::new("r").id("waiting")).await }
+    });
+    until_on_master(&master, "waits", "waiting").await;
+    assert!(!waiting.is_finished(), "waits for the frozen replica");
+    let len = queue.len().await.unwrap();
+    let warm_up = queue.get(&"warm-up".into()).await.unwrap();
+    assert!(
+        !waiting.is_finished(),
+        "the reads returned only after the waiting write"
+    );
+    assert_eq!(len, 2);
+    assert!(warm_up.is_some());
+    drop(frozen);
+    waiting
+        .await
+        .unwrap()
+        .expect("returns once the replica is thawed and has it");
+}
+
+/// Asking for more replicas than there are, or for one that was killed: every write fails
+/// clearly ("0 of 1", "1 of 2"), after the wait window, with the write on the master; reads
+/// meanwhile go on.
+#[tokio::test]
+async fn with_a_killed_or_missing_replica_writes_fail_clearly_and_reads_go_on() {
+    let Some((master, mut replica)) = master_and_replica() else {
+        return;
+    };
+    let wheel = Wheel::new();
+    let two = DurableQueue::builder()
+        .replicas(2)
+        .redis(&master.url(), "missing", &wheel)
+        .await
+        .expect("connects: replicas are counted per write");
+    let write = tokio::spawn({
+        let two = two.clone();
+        async move { two.schedule(Task::new("m").id("two")).await }
+    });
+    until_on_master(&master, "missing", "two").await;
+    assert_eq!(two.len().await.unwrap(), 1);
+    assert!(!write.is_finished(), "the read returned first");
+    let error = write.await.unwrap().expect_err("only one replica");
+    assert!(format!("{error}").contains("1 of 2 replicas"), "{error}");
+
+    replica.stop();
+    let one = DurableQueue::builder()
+        .replicas(1)
+        .redis(&master.url(), "killed", &wheel)
+        .await
+        .unwrap();
+    let error = one
+        .schedule(Task::new("k").id("killed"))
+        .await
+        .expect_err("the replica is gone");
+    assert!(
+        matches!(error, Error::Unreachable(_)) && format!("{error}").contains("0 of 1"),
+        "{error}"
+    );
+    assert!(has_task(&master, "killed", "killed"), "on the master");
 }

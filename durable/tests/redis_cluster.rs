@@ -380,3 +380,40 @@ async fn cluster_throughput_one_vs_three_shards() {
         );
     }
 }
+
+/// A cluster master whose `maxmemory-policy` evicts keys is refused at connect, named with
+/// its policy — the one that holds the queue, and another (a partition may live there).
+/// With every node at `noeviction` again the queue opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_that_evicts_keys_is_refused_at_connect() {
+    let _serial = SERIAL.lock().await;
+    let Some(cluster) = support::redis_cluster::start() else {
+        return;
+    };
+    let set_policy = |port: u16, policy: &str| {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query(&mut cluster.node(port).connection())
+            .unwrap();
+    };
+    let master = cluster.master_of(cluster.slot_of("tw:{evicting}:config"));
+    let other = *cluster.masters().iter().find(|&&m| m != master).unwrap();
+    let wheel = Wheel::new();
+    for (port, policy) in [(master, "allkeys-lru"), (other, "allkeys-lfu")] {
+        set_policy(port, policy);
+        let error = open_error(&cluster, Builder::default(), "evicting", &wheel).await;
+        let Error::Invalid(why) = &error else {
+            panic!("refused, but not as Invalid: {error:?}");
+        };
+        assert!(why.contains(policy), "{why}");
+        assert!(
+            why.contains(&format!("127.0.0.1:{port}")),
+            "names the node: {why}"
+        );
+        set_policy(port, "noeviction");
+    }
+    let queue = open(&cluster, Builder::default(), "evicting", &wheel).await;
+    queue.schedule(Task::new("x")).await.unwrap();
+}

@@ -63,22 +63,44 @@ pub(crate) struct Target {
     pub(crate) cluster: bool,
     pub(crate) partitions: usize,
     pub(crate) replicas: usize,
+    /// Connect to (and keep using) a server whose `maxmemory-policy` may evict keys.
+    pub(crate) allow_evicting_server: bool,
     /// PEM root certificates to trust for `rediss://` (else the system's).
     pub(crate) tls_roots: Option<Vec<u8>>,
 }
 
-/// Whether trying again may succeed: a lost or refused connection, a timeout, a server still
-/// loading its data after a restart, a cluster moving slots. Anything else (a script error,
-/// bad data, refused credentials) is final.
+/// Reply codes of a server that is there but cannot serve this client right now: still
+/// loading its data, running a long script, without its master, in a resharding or a
+/// cluster failover. With "max number of clients reached" (an `ERR`), they are retried like
+/// a dropped connection and reported as [`Error::Unreachable`], never as a refusal.
+const BUSY_CODES: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"];
+
+/// Whether the server answered that it is busy (see [`BUSY_CODES`]), not that it refuses.
+pub(super) fn is_busy(error: &redis::RedisError) -> bool {
+    let text = error.to_string();
+    let first_word = |t: &str| t.split_whitespace().next().map(str::to_owned);
+    error.code().is_some_and(|code| BUSY_CODES.contains(&code))
+        || first_word(&text).is_some_and(|word| BUSY_CODES.contains(&word.as_str()))
+        || text
+            .to_lowercase()
+            .contains("max number of clients reached")
+}
+
+/// Whether trying again may succeed: a lost or refused connection, a timeout, a busy server
+/// (still loading its data after a restart, at its client limit, a cluster moving slots).
+/// Anything else (a script error, bad data, refused credentials) is final.
 fn is_transient(error: &redis::RedisError) -> bool {
-    !matches!(error.retry_method(), redis::RetryMethod::NoRetry)
+    !matches!(error.retry_method(), redis::RetryMethod::NoRetry) || is_busy(error)
 }
 
 /// A Redis error as the queue reports it: refused credentials and certificates are
-/// [`Error::Denied`] (final, at once), an unreachable server [`Error::Unreachable`]. The
-/// redis crate's messages name the server, never the credentials.
+/// [`Error::Denied`] (final, at once), an unreachable or busy server [`Error::Unreachable`].
+/// The redis crate's messages name the server, never the credentials.
 pub(super) fn classify(error: &redis::RedisError) -> Error {
     let text = error.to_string();
+    if is_busy(error) {
+        return Error::Unreachable(text);
+    }
     let lower = text.to_lowercase();
     let denied = matches!(error.kind(), redis::ErrorKind::AuthenticationFailed)
         || lower.contains("wrongpass")
@@ -96,10 +118,130 @@ pub(super) fn classify(error: &redis::RedisError) -> Error {
     }
 }
 
-/// Runs a Redis operation, retrying with backoff while the server is unreachable. A refusal
-/// is final at once, though the redis crate would retry it: a reconnect that the server
-/// refuses (the password changed) is not a server that is down.
-pub(super) async fn with_retries<T, F, Fut>(mut operation: F) -> Result<T, Error>
+/// Asks the server again why it refused to authenticate. The redis crate reports any error
+/// reply to `AUTH` as "Password authentication failed", so a server at its client limit
+/// ("max number of clients reached") or still loading looked like a wrong password: final,
+/// where it should be retried. The probe connects without credentials and sends `AUTH`
+/// itself, so it sees the server's own reply.
+pub(super) struct Probe {
+    /// One client per URL, without credentials.
+    clients: Vec<redis::Client>,
+    /// The URL's user (if any) and password.
+    credentials: Option<(Option<String>, String)>,
+}
+
+impl Probe {
+    pub(super) fn new(target: &Target) -> Result<Probe, Error> {
+        let mut clients = Vec::new();
+        let mut credentials = None;
+        for url in &target.urls {
+            let full = client(url, target.tls_roots.as_deref())?;
+            let info = full.get_connection_info().clone();
+            let settings = info.redis_settings();
+            if let Some(password) = settings.password() {
+                credentials = Some((settings.username().map(str::to_owned), password.to_owned()));
+            }
+            let bare = redis::RedisConnectionInfo::default()
+                .set_db(settings.db())
+                .set_protocol(settings.protocol());
+            let probe = redis::Client::open(info.set_redis_settings(bare))
+                .map_err(|e| Error::Invalid(format!("a Redis URL cannot be used: {e}")))?;
+            clients.push(probe);
+        }
+        Ok(Probe {
+            clients,
+            credentials,
+        })
+    }
+
+    /// What an `AuthenticationFailed` from the redis crate really was: [`Error::Denied`] if a
+    /// server refuses the credentials again in its own words (`WRONGPASS`, …),
+    /// [`Error::Unreachable`] if none does (busy, unreachable, or accepting them now).
+    pub(super) async fn refusal(&self, error: &redis::RedisError) -> Error {
+        let Some((user, password)) = &self.credentials else {
+            return classify(error);
+        };
+        let mut why = error.to_string();
+        for client in &self.clients {
+            let ask = async {
+                let mut connection = client.get_multiplexed_async_connection().await?;
+                let mut auth = redis::cmd("AUTH");
+                if let Some(user) = user {
+                    auth.arg(user);
+                }
+                auth.arg(password);
+                auth.query_async::<()>(&mut connection).await
+            };
+            match tokio::time::timeout(Duration::from_secs(2), ask).await {
+                Ok(Err(answer)) if !is_transient(&answer) && !answer.is_io_error() => {
+                    return Error::Denied(answer.to_string());
+                }
+                Ok(Err(answer)) => why = answer.to_string(),
+                Ok(Ok(())) => why = "the server accepted the credentials when asked again".into(),
+                Err(_) => why = "no answer to AUTH within 2 s".into(),
+            }
+        }
+        Error::Unreachable(format!("authentication did not complete: {why}"))
+    }
+}
+
+/// A queue's connection to its server or cluster. The redis crate's connection manager keeps
+/// a reconnect that failed other than by I/O (a refused `AUTH`) for good, answering every
+/// later command with that error; when the refusal was the server being busy, the link makes
+/// a new one.
+pub(super) struct Link {
+    current: std::sync::RwLock<Connection>,
+    /// A single server's client, to make a new connection manager from.
+    client: Option<redis::Client>,
+    probe: Probe,
+}
+
+impl Link {
+    /// Connects (see [`connect`]).
+    pub(super) async fn open(target: &Target) -> Result<Link, Error> {
+        let connection = connect(target).await?;
+        let client = match target.cluster {
+            false => Some(client(&target.urls[0], target.tls_roots.as_deref())?),
+            true => None,
+        };
+        Ok(Link {
+            current: std::sync::RwLock::new(connection),
+            client,
+            probe: Probe::new(target)?,
+        })
+    }
+
+    /// The connection to send on (a cheap clone of a multiplexed handle).
+    pub(super) fn get(&self) -> Connection {
+        self.current.read().expect("not poisoned").clone()
+    }
+
+    /// Replaces a single server's connection manager, if a new one connects.
+    async fn renew(&self) {
+        let Some(client) = &self.client else { return };
+        if let Ok(manager) =
+            ConnectionManager::new_with_config(client.clone(), manager_config()).await
+        {
+            *self.current.write().expect("not poisoned") = Connection::Single(manager);
+        }
+    }
+}
+
+/// Runs a Redis operation on the link's connection, retrying with backoff while the server
+/// is unreachable or busy. A refusal is final at once, though the redis crate would retry
+/// it: a reconnect that the server refuses (the password changed) is not a server that is
+/// down. A refused `AUTH` is first asked again (see [`Probe`]), to tell a wrong password from
+/// a busy server; a busy one gets a new connection on the next try.
+pub(super) async fn with_retries<T, F, Fut>(link: &Link, mut operation: F) -> Result<T, Error>
+where
+    F: FnMut(Connection) -> Fut,
+    Fut: Future<Output = redis::RedisResult<T>>,
+{
+    retrying(link, || operation(link.get())).await
+}
+
+/// [`with_retries`] for an operation that brings its own connection (a waiting write's).
+pub(super) async fn retrying<T, F, Fut>(link: &Link, mut operation: F) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = redis::RedisResult<T>>,
@@ -107,23 +249,31 @@ where
     let start = Instant::now();
     let mut delay = RETRY_BACKOFF.0;
     loop {
-        match operation().await {
+        let error = match operation().await {
             Ok(value) => return Ok(value),
-            Err(error) if !is_transient(&error) || classify(&error).is_denied() => {
-                return Err(match classify(&error) {
-                    Error::Unreachable(text) => Error::Io(text),
-                    other => other,
-                });
-            }
-            Err(error) => {
-                if start.elapsed() >= RETRY_BUDGET {
-                    return Err(Error::Unreachable(error.to_string()));
-                }
-                tracing::debug!(%error, "redis unreachable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(RETRY_BACKOFF.1);
-            }
+            Err(error) => error,
+        };
+        let refused_auth = matches!(error.kind(), redis::ErrorKind::AuthenticationFailed);
+        let judged = if refused_auth {
+            link.probe.refusal(&error).await
+        } else {
+            classify(&error)
+        };
+        if !is_transient(&error) || judged.is_denied() {
+            return Err(match judged {
+                Error::Unreachable(text) if !is_busy(&error) => Error::Io(text),
+                other => other,
+            });
         }
+        if start.elapsed() >= RETRY_BUDGET {
+            return Err(Error::Unreachable(error.to_string()));
+        }
+        tracing::debug!(%error, "redis unreachable; retrying");
+        tokio::time::sleep(delay).await;
+        if refused_auth {
+            link.renew().await;
+        }
+        delay = (delay * 2).min(RETRY_BACKOFF.1);
     }
 }
 
@@ -144,19 +294,31 @@ pub(super) fn client(url: &str, tls_roots: Option<&[u8]>) -> Result<redis::Clien
     }
 }
 
-pub(super) async fn connect(target: &Target) -> Result<Connection, Error> {
+fn manager_config() -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new()
+        .set_number_of_retries(2)
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_max_delay(Duration::from_secs(2))
+}
+
+/// Connects to the server (or the cluster); a refused `AUTH` is asked again (see [`Probe`]).
+async fn connect(target: &Target) -> Result<Connection, Error> {
     if !target.cluster {
         let client = client(&target.urls[0], target.tls_roots.as_deref())?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_number_of_retries(2)
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_max_delay(Duration::from_secs(2));
-        let connection = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| classify(&e))?;
-        return Ok(Connection::Single(connection));
+        return match ConnectionManager::new_with_config(client, manager_config()).await {
+            Ok(connection) => Ok(Connection::Single(connection)),
+            Err(error) => Err(connect_error(target, &error).await),
+        };
     }
+    match cluster_client(target)?.get_async_connection().await {
+        Ok(connection) => Ok(Connection::Cluster(connection)),
+        Err(error) => Err(connect_error(target, &error).await),
+    }
+}
+
+/// A client for the cluster the target's URLs name.
+pub(super) fn cluster_client(target: &Target) -> Result<redis::cluster::ClusterClient, Error> {
     #[cfg_attr(not(feature = "redis-tls"), allow(unused_mut))]
     let mut builder =
         redis::cluster::ClusterClient::builder(target.urls.iter().map(String::as_str))
@@ -171,12 +333,18 @@ pub(super) async fn connect(target: &Target) -> Result<Connection, Error> {
             root_cert: Some(roots.clone()),
         });
     }
-    let client = builder
+    builder
         .build()
-        .map_err(|e| Error::Invalid(format!("the Redis Cluster URLs cannot be used: {e}")))?;
-    let connection = client
-        .get_async_connection()
-        .await
-        .map_err(|e| classify(&e))?;
-    Ok(Connection::Cluster(connection))
+        .map_err(|e| Error::Invalid(format!("the Redis Cluster URLs cannot be used: {e}")))
+}
+
+/// Why connecting failed: a refused `AUTH` is asked again (see [`Probe`]).
+async fn connect_error(target: &Target, error: &redis::RedisError) -> Error {
+    if !matches!(error.kind(), redis::ErrorKind::AuthenticationFailed) {
+        return classify(error);
+    }
+    match Probe::new(target) {
+        Ok(probe) => probe.refusal(error).await,
+        Err(invalid) => invalid,
+    }
 }

@@ -158,7 +158,13 @@ impl RedisEngine {
                         for part in &mut self.parts {
                             part.refresh = true;
                         }
-                        self.retry_at = Some(Instant::now() + Duration::from_millis(200));
+                        // A refused server (it evicts keys) is checked again every few
+                        // seconds at most: no need to ask five times a second.
+                        let backoff = match error {
+                            Error::Invalid(_) => Duration::from_secs(1),
+                            _ => Duration::from_millis(200),
+                        };
+                        self.retry_at = Some(Instant::now() + backoff);
                     }
                 }
             }
@@ -271,6 +277,8 @@ impl RedisEngine {
                 }
             }
             Wake::Refresh => {
+                // Resubscribed after a lost connection: maybe to another server.
+                self.shared.eviction.recheck_soon();
                 for part in &mut self.parts {
                     part.refresh = true;
                 }
@@ -550,6 +558,7 @@ impl RedisEngine {
             | Request::Get(..)
             | Request::List(..)
             | Request::DeadPage(..)
+            | Request::ListPage(..)
             | Request::Purge { .. }
             | Request::Stats(..)
             | Request::ScheduleRecurring(..)

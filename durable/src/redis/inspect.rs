@@ -2,24 +2,34 @@
 //! the counts and counters — and purging old dead letters. Every script here touches a
 //! bounded number of entries (a page, a batch), never a whole set.
 
-use super::connection::with_retries;
 use super::keys::partition_of;
 use super::shared::{PAGE, Shared, number, redis_args};
 use crate::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState, percentile};
 use crate::protocol::{stale_cursor, system_time};
-use crate::{DeadLetter, Error, TaskId};
+use crate::{Cursor, DeadLetter, Error, Page, TaskId};
+
+/// One entry of a list page: id, record, lease end, payload length (or payload), and its
+/// position (score in the index, schedule sequence).
+struct Row {
+    id: String,
+    meta: String,
+    lease: Option<u64>,
+    last: Vec<u8>,
+    score: u64,
+    seq: u64,
+}
 
 impl Shared {
     pub(crate) async fn len(&self) -> Result<usize, Error> {
         let mut total = 0;
         for keys in &self.parts {
-            let (due, inflight): (usize, usize) = with_retries(|| {
-                let mut connection = self.connection.clone();
-                let mut pipe = redis::pipe();
-                pipe.zcard(&keys.due).zcard(&keys.inflight);
-                async move { pipe.query_async(&mut connection).await }
-            })
-            .await?;
+            let (due, inflight): (usize, usize) = self
+                .call(|mut connection| {
+                    let mut pipe = redis::pipe();
+                    pipe.zcard(&keys.due).zcard(&keys.inflight);
+                    async move { pipe.query_async(&mut connection).await }
+                })
+                .await?;
             total += due + inflight;
         }
         Ok(total)
@@ -56,15 +66,16 @@ impl Shared {
         task_info(id, &meta, number(&lease), number(&len).unwrap_or(0)).map(Some)
     }
 
-    /// One page of one partition's index, with payload lengths (or payloads).
+    /// One page of one partition's index, with payload lengths (or payloads), after a
+    /// cursor task or a position (score, member).
     async fn page_of(
         &self,
         p: usize,
         filter: TaskFilter,
-        after: Option<&str>,
+        after: Start<'_>,
         limit: usize,
         payloads: bool,
-    ) -> Result<Vec<(String, String, Option<u64>, Vec<u8>)>, Error> {
+    ) -> Result<Vec<Row>, Error> {
         let keys = &self.parts[p];
         let name = match filter {
             TaskFilter::Pending => "pending",
@@ -81,57 +92,109 @@ impl Shared {
                     &keys.dead,
                     &keys.payload,
                 ],
-                redis_args![
-                    "tw-list",
-                    name,
-                    after.unwrap_or(""),
-                    limit,
-                    if payloads { "1" } else { "0" }
-                ],
+                {
+                    let (task, score, member) = match &after {
+                        Start::First => ("", String::new(), String::new()),
+                        Start::After(id) => (*id, String::new(), String::new()),
+                        Start::At(cursor) => ("", cursor.first.to_string(), member_of(cursor)),
+                    };
+                    redis_args![
+                        "tw-list",
+                        name,
+                        task,
+                        limit,
+                        if payloads { "1" } else { "0" },
+                        score,
+                        member
+                    ]
+                },
             )
             .await?;
         let bad = || Error::Io("unexpected reply from the list script".into());
+        let stale = || match &after {
+            Start::After(id) => stale_cursor(id, filter),
+            _ => bad(),
+        };
         let items: Vec<Vec<u8>> = match reply {
-            redis::Value::SimpleString(text) if text == "STALE" => {
-                return Err(stale_cursor(after.unwrap_or(""), filter));
-            }
-            redis::Value::BulkString(text) if text == b"STALE" => {
-                return Err(stale_cursor(after.unwrap_or(""), filter));
-            }
+            redis::Value::SimpleString(text) if text == "STALE" => return Err(stale()),
+            redis::Value::BulkString(text) if text == b"STALE" => return Err(stale()),
             other => redis::FromRedisValue::from_redis_value(other).map_err(|_| bad())?,
         };
         let mut page = Vec::new();
         let mut fields = items.into_iter();
-        while let (Some(id), Some(meta), Some(lease), Some(last)) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        {
-            let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| bad());
-            page.push((text(id)?, text(meta)?, number(&lease), last));
+        let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| bad());
+        while let Some(id) = fields.next() {
+            let mut field = || fields.next().ok_or_else(bad);
+            let (meta, lease, last) = (field()?, field()?, field()?);
+            let (score, seq) = (field()?, field()?);
+            page.push(Row {
+                id: text(id)?,
+                meta: text(meta)?,
+                lease: number(&lease),
+                last,
+                score: number(&score).ok_or_else(bad)?,
+                seq: number(&seq).ok_or_else(bad)?,
+            });
         }
         Ok(page)
     }
 
     /// A page across partitions: one partition after another (in order within each), the
-    /// cursor naming where to go on.
+    /// cursor (a task, or a position taken from one) naming where to go on.
     async fn page(
         &self,
         filter: TaskFilter,
-        after: Option<&str>,
+        after: Start<'_>,
         limit: usize,
         payloads: bool,
-    ) -> Result<Vec<(String, String, Option<u64>, Vec<u8>)>, Error> {
-        let mut p = after.map_or(0, |id| partition_of(id, self.parts.len()));
-        let mut cursor = after;
+    ) -> Result<Vec<Row>, Error> {
+        let mut p = match &after {
+            Start::First => 0,
+            Start::After(id) => partition_of(id, self.parts.len()),
+            Start::At(cursor) => partition_of(&cursor.id, self.parts.len()),
+        };
+        let mut start = after;
         let mut page = Vec::new();
         while p < self.parts.len() && page.len() < limit {
             page.extend(
-                self.page_of(p, filter, cursor, limit - page.len(), payloads)
+                self.page_of(p, filter, start, limit - page.len(), payloads)
                     .await?,
             );
-            cursor = None;
+            start = Start::First;
             p += 1;
         }
         Ok(page)
+    }
+
+    pub(crate) async fn list_page(
+        &self,
+        filter: TaskFilter,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Page, Error> {
+        let start = cursor.map_or(Start::First, Start::At);
+        let rows = self.page(filter, start, limit, false).await?;
+        let next = (rows.len() == limit)
+            .then(|| rows.last())
+            .flatten()
+            .map(|row| Cursor {
+                filter,
+                first: row.score,
+                seq: row.seq,
+                id: row.id.clone(),
+            });
+        let items = rows
+            .into_iter()
+            .map(|row| {
+                task_info(
+                    &row.id,
+                    &row.meta,
+                    row.lease,
+                    number(&row.last).unwrap_or(0),
+                )
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(Page { items, next })
     }
 
     pub(crate) async fn list(
@@ -143,10 +206,18 @@ impl Shared {
         if limit == 0 {
             return Ok(Vec::new());
         }
+        let after = after.map_or(Start::First, Start::After);
         self.page(filter, after, limit, false)
             .await?
             .into_iter()
-            .map(|(id, meta, lease, len)| task_info(&id, &meta, lease, number(&len).unwrap_or(0)))
+            .map(|row| {
+                task_info(
+                    &row.id,
+                    &row.meta,
+                    row.lease,
+                    number(&row.last).unwrap_or(0),
+                )
+            })
             .collect()
     }
 
@@ -158,14 +229,15 @@ impl Shared {
         if limit == 0 {
             return Ok(Vec::new());
         }
+        let after = after.map_or(Start::First, Start::After);
         self.page(TaskFilter::Dead, after, limit, true)
             .await?
             .into_iter()
-            .map(|(id, meta, lease, payload)| {
-                let info = task_info(&id, &meta, lease, payload.len() as u64)?;
+            .map(|row| {
+                let info = task_info(&row.id, &row.meta, row.lease, row.last.len() as u64)?;
                 Ok(DeadLetter {
                     id: info.id,
-                    payload,
+                    payload: row.last,
                     attempts: info.attempts,
                     reason: info.reason.unwrap_or_default(),
                 })
@@ -222,6 +294,25 @@ impl Shared {
         stats.lateness_p50 = percentile(&mut late, 50);
         stats.lateness_p99 = percentile(&mut late, 99);
         Ok(stats)
+    }
+}
+
+/// Where a page starts.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    First,
+    /// After this task, where it is now (`list`).
+    After(&'a str),
+    /// After this position (`list_page`).
+    At(&'a Cursor),
+}
+
+/// A position's member in its index: `seq:id` zero-padded in the pending set (as
+/// `prelude.lua`'s `member`), the id in the others.
+fn member_of(cursor: &Cursor) -> String {
+    match cursor.filter {
+        TaskFilter::Pending => format!("{:020}:{}", cursor.seq, cursor.id),
+        _ => cursor.id.clone(),
     }
 }
 

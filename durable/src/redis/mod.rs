@@ -55,9 +55,11 @@
 //! |---|---|
 //! | `mod.rs` | opening a queue: [`start`] checks the partitions and permissions, starts the engine and the wake listener |
 //! | `connection.rs` | clients, TLS roots, connecting to a server or a cluster, error classification, retries |
+//! | `eviction.rs` | refusing a server whose `maxmemory-policy` evicts keys, at connect and while running |
 //! | `keys.rs` | the keys of a partition, hash slots, partition tags, which partition a task is in |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts, one per file, each opening with its KEYS, ARGV, reply and invariant |
 //! | `shared.rs` | [`Shared`]: a queue's connection, partitions and scripts, and running a script (retries, replicas) |
+//! | `replicas.rs` | writes that wait for replicas: the script and its `WAIT` as one pipeline on a connection of their own |
 //! | `calls.rs` | schedule, change, recurring schedules, and a delivery's finish, extend and release |
 //! | `inspect.rs` | get, list, dead letters, stats, purge |
 //! | `engine.rs` | the claiming loop: claim rounds, prefetch buffers and their leases, renewals, retention |
@@ -66,8 +68,10 @@
 mod calls;
 mod connection;
 mod engine;
+mod eviction;
 mod inspect;
 mod keys;
+mod replicas;
 mod scripts;
 mod shared;
 mod wake;
@@ -78,7 +82,7 @@ use tokio::sync::mpsc;
 use tokio_wheel::Wheel;
 
 pub(crate) use self::connection::Target;
-use self::connection::{classify, client, connect, with_retries};
+use self::connection::{Link, classify, client, with_retries};
 use self::engine::RedisEngine;
 use self::keys::{Keys, MAX_PARTITIONS, partition_tags};
 use self::scripts::Scripts;
@@ -89,8 +93,8 @@ use crate::protocol::{Request, Settings, attach};
 use crate::{Error, TaskId};
 
 /// Connects (failing with [`Error::Unreachable`] if it cannot, [`Error::Denied`] at once if
-/// the server refuses the credentials or the client its certificate), checks the queue's
-/// partition count, and starts the engine.
+/// the server refuses the credentials or the client its certificate), refuses a server that
+/// evicts keys, checks the queue's partition count, and starts the engine.
 pub(crate) async fn start(
     target: Target,
     name: &str,
@@ -106,11 +110,25 @@ pub(crate) async fn start(
             target.partitions
         )));
     }
-    let mut connection = connect(&target).await?;
+    let link = Link::open(&target).await?;
+    let mut connection = link.get();
     let _: () = redis::cmd("PING")
         .query_async(&mut connection)
         .await
         .map_err(|e| classify(&e))?;
+    // Before anything is written: a server that evicts keys would lose tasks silently.
+    match eviction::check(&connection, target.cluster).await? {
+        eviction::Verdict::Safe => {}
+        eviction::Verdict::Volatile(note) => tracing::warn!(
+            %note,
+            "volatile-* evicts only keys with a TTL: never a task, but under memory pressure \
+             the marks that recognise a call retried after a lost reply"
+        ),
+        eviction::Verdict::Refused(why) if target.allow_evicting_server => {
+            tracing::warn!(%why, "connecting anyway: allow_evicting_server(true)");
+        }
+        eviction::Verdict::Refused(why) => return Err(Error::Invalid(why)),
+    }
     // Every process of a queue must agree on its partitions, or tasks would be lost in
     // partitions nobody claims from.
     let config = format!("tw:{{{name}}}:config");
@@ -132,9 +150,15 @@ pub(crate) async fn start(
             .map(|tag| Keys::new(tag))
             .collect(),
         scripts: Scripts::load(),
-        connection,
+        link,
         settings,
         replicas: target.replicas,
+        cluster: target.cluster,
+        eviction: eviction::Guard::new(target.allow_evicting_server),
+        waiting: match target.replicas {
+            0 => None,
+            _ => Some(replicas::Waiting::new(&target)?),
+        },
     });
     let (wake_sender, wakes) = mpsc::unbounded_channel();
     let attachment = attach(wheel);
@@ -172,25 +196,28 @@ pub(crate) async fn start(
 /// A user the server lets connect may still lack a permission the queue needs: finds out
 /// at open ([`Error::Denied`] with the server's NOPERM), not at some later call — or never,
 /// for a worker that may not subscribe and so waits for wake-ups forever. A read-only script
-/// checks scripts and keys; an empty message on every wake channel checks channels (PUBLISH
-/// needs the same permission as SUBSCRIBE, whose refusal the redis crate does not report;
-/// listeners ignore empty messages, and this worker's own channel has no listener yet).
+/// on every partition checks scripts and keys; an empty message on every wake channel checks
+/// channels (PUBLISH needs the same permission as SUBSCRIBE, whose refusal the redis crate
+/// does not report; listeners ignore empty messages, and this worker's own channel has no
+/// listener yet).
 async fn check_permissions(shared: &Shared, channels: &[String], own: &str) -> Result<(), Error> {
-    let _: Vec<u64> = shared
-        .invoke(
-            &shared.scripts.stats,
-            &shared.parts[0].stats_keys(),
-            redis_args!["tw-stats"],
-        )
-        .await?;
+    // Every partition: an ACL that admits partition 0's keys only would otherwise pass here
+    // and fail later, on the tasks that hash elsewhere.
+    let reads = shared.parts.iter().map(|keys| async move {
+        let keys = keys.stats_keys();
+        let args = redis_args!["tw-stats"];
+        shared
+            .invoke::<Vec<u64>>(&shared.scripts.stats, &keys, args)
+            .await
+    });
+    futures::future::try_join_all(reads).await?;
     // One command per channel (a cluster pipeline wants a single slot), sent together.
     let probes = channels
         .iter()
         .map(String::as_str)
         .chain([own])
         .map(|channel| {
-            with_retries(move || {
-                let mut connection = shared.connection.clone();
+            with_retries(&shared.link, move |mut connection| {
                 let mut probe = redis::cmd("PUBLISH");
                 probe.arg(channel).arg("");
                 async move { probe.query_async::<()>(&mut connection).await }

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::connection::{Connection, RESPONSE_TIMEOUT, classify, with_retries};
+use super::connection::{Connection, Link, RESPONSE_TIMEOUT, with_retries};
+use super::eviction;
 use super::keys::{Keys, partition_of};
+use super::replicas::Waiting;
 use super::scripts::Scripts;
 use crate::Error;
 use crate::protocol::Settings;
@@ -17,11 +19,11 @@ use crate::protocol::Settings;
 pub(super) const PAGE: usize = 1000;
 
 /// How long a write waits for its replicas (`Builder::replicas`) before it reports them
-/// missing: one `WAIT`, on the connection that made the write, so it must end inside
+/// missing: one `WAIT`, in the pipeline that made the write, so it must end inside
 /// [`RESPONSE_TIMEOUT`] (a longer one fails first, as a lost connection: "timed out"). Not
-/// several shorter ones in a row: after a reconnect or a failover a later one is answered by
-/// a connection that made no write, which any replica satisfies at once (with 2 s slices the
-/// cluster failover test lost a task).
+/// several shorter ones in a row: a later one would answer for a connection that made no
+/// write, which any replica satisfies at once (with 2 s slices the cluster failover test
+/// lost a task).
 const REPLICA_TIMEOUT: Duration = Duration::from_secs(4);
 const _: () = assert!(REPLICA_TIMEOUT.as_millis() < RESPONSE_TIMEOUT.as_millis());
 
@@ -40,10 +42,16 @@ pub(super) use redis_args;
 pub(crate) struct Shared {
     pub(super) parts: Vec<Keys>,
     pub(super) scripts: Scripts,
-    pub(super) connection: Connection,
+    pub(super) link: Link,
     pub(super) settings: Settings,
     /// Writes return once this many replicas have them (`WAIT`).
     pub(super) replicas: usize,
+    /// A Redis Cluster (its policy is checked on every master).
+    pub(super) cluster: bool,
+    /// Whether the server's `maxmemory-policy` lets calls go on (see `eviction.rs`).
+    pub(super) eviction: eviction::Guard,
+    /// With replicas to wait for: the connections waiting writes run on.
+    pub(super) waiting: Option<Waiting>,
 }
 
 pub(super) fn delay_ms_floor(duration: Duration) -> u64 {
@@ -64,6 +72,28 @@ impl Shared {
         &self.parts[partition_of(id, self.parts.len())]
     }
 
+    /// Runs a Redis operation for a call: first the eviction check when it is due (an
+    /// evicting server fails the call with [`Error::Invalid`]), then the operation, retried
+    /// while the server is unreachable. A call that had to be retried may have reconnected
+    /// to another server (a restart, a failover): the next call checks its policy first.
+    pub(super) async fn call<T, F, Fut>(&self, mut operation: F) -> Result<T, Error>
+    where
+        F: FnMut(Connection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.eviction.admit(&self.link.get(), self.cluster).await?;
+        let mut tries = 0;
+        let result = with_retries(&self.link, |connection| {
+            tries += 1;
+            operation(connection)
+        })
+        .await;
+        if tries > 1 {
+            self.eviction.recheck_soon();
+        }
+        result
+    }
+
     /// Runs one of the queue's scripts, retrying while the server is unreachable.
     pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
@@ -71,8 +101,7 @@ impl Shared {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T, Error> {
-        with_retries(|| {
-            let mut connection = self.connection.clone();
+        self.call(|mut connection| {
             let mut invocation = script.prepare_invoke();
             for key in keys {
                 invocation.key(*key);
@@ -85,8 +114,9 @@ impl Shared {
         .await
     }
 
-    /// Runs a script that writes to partition `part`, then, with
-    /// [`replicas`](crate::Builder::replicas), waits until that many replicas have the write.
+    /// Runs a script that writes to partition `part` and, with
+    /// [`replicas`](crate::Builder::replicas), waits until that many replicas have the write
+    /// (see `replicas.rs`: one pipeline on a connection of its own).
     pub(super) async fn invoke_write<T: redis::FromRedisValue>(
         &self,
         part: &Keys,
@@ -94,41 +124,15 @@ impl Shared {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T, Error> {
-        let value = self.invoke(script, keys, args).await?;
-        self.wait_for_replicas(part).await?;
-        Ok(value)
-    }
-
-    /// `WAIT replicas timeout` on the connection that wrote to `part` (on a cluster: its
-    /// master), or nothing without replicas asked for.
-    async fn wait_for_replicas(&self, part: &Keys) -> Result<(), Error> {
-        if self.replicas == 0 {
-            return Ok(());
-        }
-        let timeout = delay_ms_floor(REPLICA_TIMEOUT);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(self.replicas).arg(timeout);
-        let acknowledged: usize = match &self.connection {
-            Connection::Single(connection) => {
-                let mut connection = connection.clone();
-                wait.query_async(&mut connection)
-                    .await
-                    .map_err(|e| classify(&e))?
-            }
-            Connection::Cluster(connection) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let mut connection = connection.clone();
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(part.slot, SlotAddr::Master),
-                ));
-                let value = connection
-                    .route_command(wait, route)
-                    .await
-                    .map_err(|e| classify(&e))?;
-                redis::FromRedisValue::from_redis_value(value)
-                    .map_err(|e| Error::Io(e.to_string()))?
-            }
+        let Some(waiting) = &self.waiting else {
+            return self.invoke(script, keys, args).await;
         };
+        self.eviction.admit(&self.link.get(), self.cluster).await?;
+        let waited = waiting
+            .write(&self.link, part, script, keys, &args, REPLICA_TIMEOUT)
+            .await?;
+        let value = T::from_redis_value(waited.reply).map_err(|e| Error::Io(e.to_string()))?;
+        let acknowledged = waited.acknowledged;
         if acknowledged < self.replicas {
             return Err(Error::Unreachable(format!(
                 "the write is on the primary but only {acknowledged} of {} replicas had it \
@@ -136,6 +140,6 @@ impl Shared {
                 self.replicas
             )));
         }
-        Ok(())
+        Ok(value)
     }
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the queue's integration tests.
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;

@@ -1,7 +1,8 @@
 //! A loopback TCP proxy between a client and a real server that breaks connections on cue:
 //! when a chunk the client sends contains a chosen pattern (e.g. a script's name argument),
 //! it either drops the connection before the command reaches the server, or forwards it and
-//! drops the connection before the reply comes back (the command ran; its answer is lost).
+//! drops the connection before the reply comes back (the command ran; its answer is lost), or
+//! answers in the server's place (a server that is busy, say).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,6 +18,9 @@ pub enum Fault {
     DropRequest,
     /// The server runs the command; its reply is lost with the connection.
     LoseReply,
+    /// The proxy answers the chunk itself: this reply (a RESP line, without its `\r\n`) for
+    /// the first command in it, `+OK` for each further one; the server never sees it.
+    Answer(&'static str),
 }
 
 struct Rule {
@@ -114,8 +118,18 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     let (mut server_read, mut server_write) = server.into_split();
     // Set when a reply must be lost: nothing more goes back to the client.
     let mute = Arc::new(AtomicBool::new(false));
+    // What goes back to the client: the server's bytes, and the proxy's own answers.
+    let (down_tx, mut down_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let writer = tokio::spawn(async move {
+        while let Some(bytes) = down_rx.recv().await {
+            if client_write.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    });
     let downstream = tokio::spawn({
         let mute = mute.clone();
+        let down_tx = down_tx.clone();
         async move {
             let mut buffer = vec![0u8; 64 * 1024];
             loop {
@@ -126,7 +140,7 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 if mute.load(Ordering::SeqCst) {
                     return;
                 }
-                if client_write.write_all(&buffer[..n]).await.is_err() {
+                if down_tx.send(buffer[..n].to_vec()).is_err() {
                     return;
                 }
             }
@@ -176,6 +190,18 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
                 state.injected.fetch_add(1, Ordering::SeqCst);
                 break;
             }
+            Some(Fault::Answer(first)) => {
+                state.injected.fetch_add(1, Ordering::SeqCst);
+                // One reply per command of the chunk (each starts a line with `*`).
+                let commands = chunk.windows(3).filter(|w| w == b"\r\n*").count() + 1;
+                let mut reply = format!("{first}\r\n");
+                for _ in 1..commands {
+                    reply.push_str("+OK\r\n");
+                }
+                if down_tx.send(reply.into_bytes()).is_err() {
+                    break;
+                }
+            }
             Some(Fault::LoseReply) => {
                 state.injected.fetch_add(1, Ordering::SeqCst);
                 mute.store(true, Ordering::SeqCst);
@@ -188,5 +214,8 @@ async fn relay(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
         }
     }
     downstream.abort();
+    // The writer ends once what was already relayed is written (then its half drops).
+    drop(down_tx);
+    let _ = tokio::time::timeout(Duration::from_millis(100), writer).await;
     // Dropping both halves closes both connections.
 }

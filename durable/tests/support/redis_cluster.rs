@@ -272,21 +272,29 @@ impl Cluster {
             .unwrap()
     }
 
-    /// The running replica of the master on `port`.
+    /// The running replica of the master on `port`; waits (up to 30 s) while none shows as
+    /// connected, as just after the cluster was made.
     pub fn replica_of(&self, port: u16) -> u16 {
-        let rows = self.topology();
-        let id_of = |p: u16| -> String {
-            let node = self.node(p);
-            redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query(&mut node.connection())
-                .unwrap()
-        };
-        let master_id = id_of(port);
-        rows.into_iter()
-            .find(|row| !row.master && row.of.as_deref() == Some(master_id.as_str()))
-            .map(|row| row.port)
-            .expect("every master has a replica")
+        let master_id: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut self.node(port).connection())
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            let found = self
+                .topology()
+                .into_iter()
+                .find(|row| !row.master && row.of.as_deref() == Some(master_id.as_str()))
+                .map(|row| row.port);
+            if let Some(port) = found {
+                return port;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the master on {port} has no replica"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn node(&self, port: u16) -> &Node {

@@ -153,6 +153,11 @@ impl RedisServer {
         }
     }
 
+    /// Replaces the extra arguments the next (re)start uses.
+    pub fn set_extra(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|arg| (*arg).to_owned()).collect();
+    }
+
     /// Starts it again on the same port, arguments and data.
     pub fn restart(&mut self) {
         self.stop();

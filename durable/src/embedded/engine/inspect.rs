@@ -103,6 +103,61 @@ impl StepState<'_> {
         Ok(page)
     }
 
+    /// A page after a position: the index's own key for pending tasks (due, seq) and dead
+    /// letters (time of death, seq); (lease end, id) for the flights in memory, claims still
+    /// in a buffer last (as if their lease ended at `u64::MAX`).
+    pub(super) fn list_page(
+        &mut self,
+        tasks: &mut Tasks<'_>,
+        filter: TaskFilter,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Page, Error> {
+        let mut found: Vec<(u64, u64, String)> = Vec::new();
+        if filter == TaskFilter::InFlight {
+            let mut flights: Vec<(u64, String)> = self
+                .flights
+                .tokens
+                .keys()
+                .map(|id| {
+                    let end = self.flights.of(id).and_then(|f| f.lease_until);
+                    (end.unwrap_or(u64::MAX), id.clone())
+                })
+                .filter(|(end, id)| {
+                    cursor.is_none_or(|c| (*end, id.as_str()) > (c.first, c.id.as_str()))
+                })
+                .collect();
+            flights.sort_unstable();
+            found.extend(
+                flights
+                    .into_iter()
+                    .take(limit)
+                    .map(|(end, id)| (end, 0, id)),
+            );
+        } else {
+            let table = match filter {
+                TaskFilter::Dead => Table::Dead,
+                _ => Table::Pending,
+            };
+            found = tasks.ordered(table, cursor.map(|c| (c.first, c.seq)), limit)?;
+        }
+        let mut items = Vec::with_capacity(found.len());
+        for (_, _, id) in &found {
+            let record = tasks.get(id)?.ok_or_else(|| missing(id))?;
+            items.push(self.info(id, &record));
+        }
+        let next = (found.len() == limit)
+            .then(|| found.pop())
+            .flatten()
+            .map(|(first, seq, id)| Cursor {
+                filter,
+                first,
+                seq,
+                id,
+            });
+        Ok(Page { items, next })
+    }
+
     /// The index and the position after `after` in it, for the pending or dead list.
     pub(super) fn cursor(
         &self,

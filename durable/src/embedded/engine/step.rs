@@ -126,6 +126,7 @@ pub(super) fn fail(request: Request, error: &Error) {
         | Request::Extend(_, _, reply) => send(reply, error),
         Request::Get(_, reply) => send(reply, error),
         Request::List(_, _, _, reply) => send(reply, error),
+        Request::ListPage(_, _, _, reply) => send(reply, error),
         Request::Stats(reply) => send(reply, error),
         Request::Purge { reply, .. } => {
             if let Some(reply) = reply {
@@ -206,6 +207,11 @@ impl StepState<'_> {
             }
             Request::List(filter, after, limit, reply) => {
                 let result = self.list(tasks, filter, after.as_deref(), limit.min(STEP_LIMIT));
+                settle(answers, reply, result)
+            }
+            Request::ListPage(filter, cursor, limit, reply) => {
+                let limit = limit.min(STEP_LIMIT);
+                let result = self.list_page(tasks, filter, cursor.as_ref(), limit);
                 settle(answers, reply, result)
             }
             Request::Stats(reply) => {

@@ -1,0 +1,81 @@
+//! One queue on each backend the features allow, for tests that run the same behaviour on
+//! both: an embedded redb file in a tempdir, or a `redis-server` of the test's own.
+
+use tokio_wheel::Wheel;
+use tokio_wheel_durable::{Builder, DurableQueue};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Redis,
+}
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub wheel: Wheel,
+    pub backend: Backend,
+    pub redis: Option<super::redis_server::RedisServer>,
+}
+
+/// A fixture, or `None` when the backend cannot run here (Redis without `redis-server`,
+/// outside CI: the test then passes after saying so).
+pub fn fixture(backend: Backend) -> Option<Fixture> {
+    let redis = match backend {
+        Backend::Embedded => None,
+        Backend::Redis => Some(super::redis_server::start()?),
+    };
+    Some(Fixture {
+        dir: tempfile::tempdir().unwrap(),
+        wheel: Wheel::new(),
+        backend,
+        redis,
+    })
+}
+
+impl Fixture {
+    /// The queue `name` (a file of that name, or a queue of that name on the server).
+    pub async fn open_named(&self, builder: Builder, name: &str) -> DurableQueue {
+        match self.backend {
+            Backend::Embedded => builder
+                .open(self.dir.path().join(format!("{name}.redb")), &self.wheel)
+                .await
+                .unwrap(),
+            #[cfg(feature = "redis")]
+            Backend::Redis => {
+                let url = self.redis.as_ref().expect("server").url();
+                builder.redis(&url, name, &self.wheel).await.unwrap()
+            }
+            #[cfg(not(feature = "redis"))]
+            Backend::Redis => unreachable!("Redis tests need the redis feature"),
+        }
+    }
+
+    pub async fn open(&self) -> DurableQueue {
+        self.open_named(DurableQueue::builder(), "queue").await
+    }
+}
+
+/// Runs each listed test (an `async fn(Backend)` of the file) on every backend the features
+/// allow.
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Backend::Embedded).await;
+                }
+            )*
+        }
+        #[cfg(feature = "redis")]
+        mod on_redis {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Backend::Redis).await;
+                }
+            )*
+        }
+    };
+}
