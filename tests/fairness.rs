@@ -1,6 +1,7 @@
 //! The actor is a good citizen of its runtime: while other threads flood the wheel with
-//! commands, a 10 ms heartbeat on the wheel's runtime never sees a gap over 100 ms, and a job
-//! due meanwhile still starts on time — on a current-thread runtime (where the actor shares
+//! commands, a 10 ms heartbeat on the wheel's runtime never sees a gap over 100 ms more than
+//! the machine itself imposes (measured beside it with the same CPU competition and no wheel:
+//! ~0 on an idle machine), and a job due meanwhile still starts on time — on a current-thread runtime (where the actor shares
 //! the one thread with everything else) and on a multi-thread one.
 
 use std::sync::Arc;
@@ -80,11 +81,51 @@ async fn heartbeat_during_a_flood(wheel: Wheel) -> (Duration, Duration) {
     (worst, job.await.expect("the job ran"))
 }
 
+/// The machine's own share of a gap: the worst 10 ms heartbeat gap on `runtime` while two
+/// threads spin for the flood's length without touching any wheel. On an idle 2-core machine it
+/// is ~10 ms (the beat itself); a loaded one (another build beside the tests) preempts the
+/// heartbeat's thread for longer, and that is not the actor's doing.
+fn machine_noise(runtime: &tokio::runtime::Runtime) -> Duration {
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            })
+        })
+        .collect();
+    let worst = runtime.block_on(async {
+        let mut worst = Duration::ZERO;
+        let mut last = Instant::now();
+        let until = last + FLOOD;
+        while last < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = Instant::now();
+            worst = worst.max(now - last);
+            last = now;
+        }
+        worst
+    });
+    stop.store(true, Ordering::Relaxed);
+    for spinner in spinners {
+        spinner.join().unwrap();
+    }
+    worst
+}
+
 /// One flood at a time: two at once on two cores would measure the machine, not the actor.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn check(flavor: &str, runtime: tokio::runtime::Runtime) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // The bound is the actor's: what the machine adds by itself (measured just before, with
+    // the same CPU competition and no wheel) is allowed on top of it.
+    let noise = machine_noise(&runtime).saturating_sub(Duration::from_millis(10));
+    let allowed = MAX_GAP + noise;
     let wheel = Wheel::builder().runtime(runtime.handle().clone()).build();
     let stop = Arc::new(AtomicBool::new(false));
     let (flooders, calls) = flood(&wheel, runtime.handle(), stop.clone());
@@ -96,17 +137,18 @@ fn check(flavor: &str, runtime: tokio::runtime::Runtime) {
     }
     let stats = wheel.stats();
     eprintln!(
-        "{flavor}: {} calls; worst heartbeat gap {worst_gap:?}; job started {job_late:?} late; {} commands applied",
+        "{flavor}: {} calls; worst heartbeat gap {worst_gap:?} (the machine alone: +{noise:?}); \
+         job started {job_late:?} late; {} commands applied",
         calls.load(Ordering::Relaxed),
         stats.commands
     );
     assert!(
-        worst_gap <= MAX_GAP,
-        "{flavor}: heartbeat gap {worst_gap:?}"
+        worst_gap <= allowed,
+        "{flavor}: heartbeat gap {worst_gap:?} (allowed {allowed:?}: 100 ms + the machine's {noise:?})"
     );
     assert!(
-        job_late <= MAX_GAP,
-        "{flavor}: the job started {job_late:?} late"
+        job_late <= allowed,
+        "{flavor}: the job started {job_late:?} late (allowed {allowed:?})"
     );
     assert!(
         stats.commands > 100_000,
