@@ -231,6 +231,12 @@ impl Backend {
         info
     }
 
+    async fn reschedule(&self, id: &str, due: std::time::SystemTime) {
+        let queue = self.open().await;
+        assert!(queue.reschedule(&TaskId::from(id), due).await.unwrap());
+        queue.close().await;
+    }
+
     async fn list(&self, filter: TaskFilter) -> Vec<TaskInfo> {
         let queue = self.open().await;
         let page = queue.list(filter, None, 1000).await.unwrap();
@@ -362,16 +368,32 @@ async fn every_subcommand(backend: &Backend) {
     for (json, info) in tasks.iter().zip(&all) {
         assert_same(json, info);
     }
-    assert_eq!(page["next_cursor"], "c");
+    let cursor = page["next_cursor"]
+        .as_str()
+        .expect("a full page has a next cursor");
+    assert!(
+        cursor.parse::<tokio_wheel_durable::Cursor>().is_ok(),
+        "{cursor}"
+    );
+    // The position holds whatever happens to the task it was taken at: move "c" to the end.
+    backend
+        .twq(&["reschedule", "c", "--at", "2100-01-01T00:00:00Z"])
+        .await
+        .ok();
     let page = backend
-        .twq(&["--json", "list", "pending", "--limit", "3", "--cursor", "c"])
+        .twq(&[
+            "--json", "list", "pending", "--limit", "3", "--cursor", cursor,
+        ])
         .await
         .ok()
         .json();
     let tasks = page["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks.len(), 2, "{page}");
     assert_same(&tasks[0], &all[3]);
+    assert_eq!(tasks[1]["id"], "c", "the moved task, at its new place");
     assert_eq!(page["next_cursor"], Value::Null);
+    // Back where it was, for the rest of the test.
+    backend.reschedule("c", all[2].due).await;
     let run = backend.twq(&["list", "pending", "-n", "2"]).await.ok();
     let lines: Vec<&str> = run.stdout.lines().collect();
     assert!(lines[0].starts_with("ID "), "{run:?}");
@@ -387,10 +409,16 @@ async fn every_subcommand(backend: &Backend) {
         lines[2].contains("pending") && lines[2].contains("5 B"),
         "{run:?}"
     );
-    assert_eq!(lines[3], "next page: --cursor a", "{run:?}");
-    // A cursor that is not (or no longer) in that state.
+    let shown = lines[3]
+        .strip_prefix("next page: --cursor ")
+        .unwrap_or_else(|| panic!("{run:?}"));
+    // A pending list's cursor given to the dead list, and a task id: refused.
     backend
-        .twq(&["list", "dead", "--cursor", "a"])
+        .twq(&["list", "dead", "--cursor", shown])
+        .await
+        .error("cursor");
+    backend
+        .twq(&["list", "pending", "--cursor", "a"])
         .await
         .error("cursor");
 

@@ -138,7 +138,8 @@ pub(crate) struct List {
     #[arg(long, short = 'n', value_name = "N", default_value_t = 20)]
     #[arg(value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub(crate) limit: u16,
-    /// Start after this task: the cursor a previous page printed.
+    /// Where to start: the cursor a previous page printed (a position in the list, so it
+    /// stays valid whatever happens to the task it was taken at).
     #[arg(long, value_name = "CURSOR")]
     pub(crate) cursor: Option<String>,
 }

@@ -24,7 +24,9 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use serde_json::{Value, json};
 use tokio_wheel::Wheel;
-use tokio_wheel_durable::{DurableQueue, Error, Task, TaskFilter, TaskId, TaskInfo, TaskState};
+use tokio_wheel_durable::{
+    Cursor, DurableQueue, Error, Task, TaskFilter, TaskId, TaskInfo, TaskState,
+};
 
 use crate::args::{Cli, Command, RecurringCommand, StateArg};
 use crate::show::{
@@ -256,17 +258,26 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
                 StateArg::InFlight => (TaskFilter::InFlight, "in-flight"),
                 StateArg::Dead => (TaskFilter::Dead, "dead"),
             };
-            let after = list.cursor.clone().map(TaskId::from);
+            let cursor = match &list.cursor {
+                Some(text) => Some(text.parse::<Cursor>().map_err(|_| {
+                    Failure::Error(format!(
+                        "--cursor: {} is not a cursor (pass the one a previous page printed)",
+                        clean(text)
+                    ))
+                })?),
+                None => None,
+            };
             let limit = usize::from(list.limit);
-            let tasks = within(cli.timeout, target, async {
-                match queue.list(filter, after.as_ref(), limit).await {
-                    // The cursor's task moved on (finished, or to another state).
+            let page = within(cli.timeout, target, async {
+                match queue.list_page(filter, cursor.as_ref(), limit).await {
+                    // A cursor of another list (pending, in flight, dead).
                     Err(Error::Invalid(why)) => Err(Failure::Error(format!("--cursor: {why}"))),
                     result => result.map_err(store),
                 }
             })
             .await?;
-            let next = (tasks.len() == limit).then(|| tasks[limit - 1].id.to_string());
+            let tasks = page.items;
+            let next = page.next.map(|cursor| cursor.to_string());
             let mut human = if tasks.is_empty() {
                 format!(
                     "no {name} tasks{}\n",
