@@ -986,3 +986,41 @@ async fn stopped_clone_of_a_resolved_one_is_ready() {
     let mut c = stopped.clone();
     assert!(poll_once(&mut c).is_ready(), "a clone of a resolved Stopped");
 }
+
+/// §1: "`Duration::MAX` and far-future instants saturate: no panic, no overflow, never fires
+/// early — with any tick, however fine (a deadline past the wheel's range waits forever rather
+/// than firing at the range's end)". Observed: `Duration::MAX` becomes now + 30 years (tokio's
+/// `far_future`) and everything fires then; an explicit 300-year instant does wait.
+#[tokio::test(start_paused = true)]
+#[ignore = "finding: Duration::MAX saturates to now + 30 years (sleep, timeout, keyed set, spawn_after fire in year 30)"]
+async fn duration_max_never_fires_in_two_centuries() {
+    let wheel = Wheel::new();
+    let now = Instant::now();
+    let mut max = Box::pin(wheel.sleep(Duration::MAX));
+    let mut far = Box::pin(wheel.sleep_until(now + secs(300 * 365 * 86400)));
+    let mut t = Box::pin(wheel.timeout(Duration::MAX, std::future::pending::<()>()));
+    let (timers, mut expired) = wheel.keyed::<u8, ()>();
+    timers.set(1, (), Duration::MAX);
+    let job = wheel.spawn_after(Duration::MAX, async {});
+    assert!(poll_once(&mut max).is_pending());
+    assert!(poll_once(&mut far).is_pending());
+    assert!(poll_once(&mut t).is_pending());
+    let mut fired = Vec::new();
+    for year in 1..=200u64 {
+        tokio::time::advance(secs(86400 * 365)).await;
+        settle().await;
+        let mut nx = expired.next();
+        for (what, ready) in [
+            ("sleep(MAX)", poll_once(&mut max).is_ready()),
+            ("sleep_until(+300 y)", poll_once(&mut far).is_ready()),
+            ("timeout(MAX)", poll_once(&mut t).is_ready()),
+            ("keyed set(MAX)", poll_once(&mut nx).is_ready()),
+            ("spawn_after(MAX)", job.is_finished()),
+        ] {
+            if ready && !fired.iter().any(|(w, _)| *w == what) {
+                fired.push((what, year));
+            }
+        }
+    }
+    assert!(fired.is_empty(), "fired (what, year): {fired:?}");
+}
