@@ -54,9 +54,10 @@ const UNARMED: u32 = u32::MAX;
 ///   sleep due by then.
 /// - The timer is registered on the first poll; dropping the future cancels it, and the actor
 ///   reclaims its slot at once.
-/// - `Duration::MAX` and far-future instants saturate (about 30 years ahead): no panic, no
-///   overflow, never early; a deadline past the wheel's range (73 years after it was built)
-///   never fires.
+/// - `Duration::MAX` and far-future instants saturate (an unrepresentable instant sits about
+///   1 000 years ahead): no panic, no overflow, never early; a deadline past the wheel's range
+///   (73 years after it was built) never fires — so a `Duration::MAX` sleep never completes
+///   (tokio's fires after 30 years).
 /// - If the wheel shuts down first, the sleep completes at once.
 ///
 /// Unlike tokio's `Sleep`, this one is [`Unpin`]: it can be stored and polled without pinning,

@@ -57,6 +57,11 @@ impl Future for Stopped {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // Once stopped, never poll the shared wait again: a completed `Shared` (and a clone
+        // made of it afterwards) panics when polled.
+        if self.is_stopped() {
+            return Poll::Ready(());
+        }
         self.wait.poll_unpin(cx)
     }
 }

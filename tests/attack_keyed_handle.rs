@@ -79,7 +79,10 @@ fn handle_is_clone_send_with_a_send_only_value() {
     assert_send::<tokio_wheel::KeyedTimer<u32, Cell<u32>>>();
     assert_clone::<tokio_wheel::KeyedTimer<u32, Cell<u32>>>();
     assert_send::<tokio_wheel::Timers<u32, Cell<u32>>>();
-    assert!(<Probe<tokio_wheel::Timers<u32, Cell<u32>>>>::SYNC, "Timers Sync with V: Send");
+    assert!(
+        <Probe<tokio_wheel::Timers<u32, Cell<u32>>>>::SYNC,
+        "Timers Sync with V: Send"
+    );
     assert_send::<Expirations<u32, Cell<u32>>>();
     assert!(
         <Probe<tokio_wheel::KeyedTimer<u32, Cell<u32>>>>::SYNC,
@@ -134,7 +137,11 @@ async fn stale_after_insert_again_even_without_yielding() {
     assert!(!new.is_stale());
     assert_eq!(new.deadline(), start + secs(20));
     let e = expired.next().await.unwrap();
-    assert_eq!(start.elapsed(), secs(20), "the new entry keeps its own deadline");
+    assert_eq!(
+        start.elapsed(),
+        secs(20),
+        "the new entry keeps its own deadline"
+    );
     assert_eq!(e.into_parts(), (1, "new"));
     quiet(&mut expired).await;
 }
@@ -185,7 +192,11 @@ async fn a_handle_stale_by_expiry_never_touches_the_next_entry() {
     old.reset(secs(100));
     assert_eq!(old.take().await, None);
     old.remove();
-    assert_eq!(old.deadline(), start + secs(10), "the deadline it fired for");
+    assert_eq!(
+        old.deadline(),
+        start + secs(10),
+        "the deadline it fired for"
+    );
     assert_eq!(new.deadline(), start + secs(20));
     let e = expired.next().await.unwrap();
     assert_eq!(start.elapsed(), secs(20));
@@ -205,7 +216,11 @@ async fn a_handle_stale_by_drain_and_by_key_take() {
     a.reset(secs(1));
     assert_eq!(a.take().await, None);
     timers.set(2, 22, secs(10));
-    assert_eq!(b.take().await, None, "drained handle must not take the new entry");
+    assert_eq!(
+        b.take().await,
+        None,
+        "drained handle must not take the new entry"
+    );
     assert_eq!(timers.take(&2).await, Some(22));
     let c = timers.insert(3, 3, secs(10));
     assert_eq!(timers.take(&3).await, Some(3));
@@ -238,9 +253,17 @@ async fn clones_share_the_word() {
     let c = t.clone();
     c.reset(secs(40));
     assert_eq!(timers.len().await, 1); // barrier: the insert has landed
-    assert_eq!(t.deadline(), start + secs(40), "a clone's move shows on the original");
+    assert_eq!(
+        t.deadline(),
+        start + secs(40),
+        "a clone's move shows on the original"
+    );
     c.reset(secs(45)); // now the CAS path
-    assert_eq!(t.deadline(), start + secs(45), "a clone's CAS shows on the original at once");
+    assert_eq!(
+        t.deadline(),
+        start + secs(45),
+        "a clone's CAS shows on the original at once"
+    );
     t.reset_at(start + secs(15)); // earlier through the other clone
     assert_eq!(c.deadline(), start + secs(15));
     drop(t);
@@ -358,7 +381,11 @@ async fn a_long_mixed_script_ends_where_the_last_call_says() {
         }
         let e = expired.next().await.unwrap();
         assert_eq!(e.deadline(), last, "round {round}");
-        assert_eq!(Instant::now(), last, "round {round}: fired at the last deadline");
+        assert_eq!(
+            Instant::now(),
+            last,
+            "round {round}: fired at the last deadline"
+        );
         assert_eq!(e.into_parts(), (1, round));
         assert_eq!(t.deadline(), last);
     }
@@ -460,9 +487,13 @@ async fn a_handle_outliving_timers_and_expirations_still_works() {
     drop(expired);
     t.reset(secs(30));
     tokio::time::sleep(secs(20)).await;
-    let got = tokio::time::timeout(secs(1), t.take()).await.expect("take hangs");
+    let got = tokio::time::timeout(secs(1), t.take())
+        .await
+        .expect("take hangs");
     assert_eq!(got, Some(9), "still set at 20 s (moved to 30 s)");
-    let got = tokio::time::timeout(secs(1), u.take()).await.expect("take hangs");
+    let got = tokio::time::timeout(secs(1), u.take())
+        .await
+        .expect("take hangs");
     assert_eq!(got, None, "expired at 10 s (no reader)");
     assert!(u.is_stale());
 }
@@ -479,8 +510,9 @@ async fn a_handle_after_shutdown() {
     moved.reset_at(Instant::now() + secs(3));
     wheel.shutdown().await;
     let mut got = Vec::new();
-    while let Some(e) =
-        tokio::time::timeout(secs(1), expired.next()).await.expect("stream ends after shutdown")
+    while let Some(e) = tokio::time::timeout(secs(1), expired.next())
+        .await
+        .expect("stream ends after shutdown")
     {
         assert!(e.is_shutdown());
         got.push(e.into_parts());
@@ -491,12 +523,17 @@ async fn a_handle_after_shutdown() {
     t.reset(secs(1));
     t.reset_at(Instant::now());
     t.remove();
-    let r = tokio::time::timeout(secs(1), t.take()).await.expect("take after shutdown hangs");
+    let r = tokio::time::timeout(secs(1), t.take())
+        .await
+        .expect("take after shutdown hangs");
     assert_eq!(r, None);
     // insert on a stopped wheel: refused silently, a stale handle.
     let late = timers.insert(9, 9, secs(1));
     assert!(late.is_stale(), "a handle from a stopped wheel is stale");
-    assert_eq!(tokio::time::timeout(secs(1), late.take()).await.unwrap(), None);
+    assert_eq!(
+        tokio::time::timeout(secs(1), late.take()).await.unwrap(),
+        None
+    );
     late.reset(secs(5));
     assert_eq!(timers.len().await, 0);
 }
@@ -540,18 +577,28 @@ fn a_handle_after_its_runtime_died() {
         (wheel, timers, expired, t)
     });
     drop(rt);
-    let other = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let other = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     other.block_on(async move {
-        let r = tokio::time::timeout(secs(5), t.take()).await.expect("take hangs on a dead runtime");
+        let r = tokio::time::timeout(secs(5), t.take())
+            .await
+            .expect("take hangs on a dead runtime");
         assert_eq!(r, None);
         t.reset(secs(1));
         assert!(t.is_stale());
         let u = timers.insert(2, 2, secs(1));
         assert!(u.is_stale());
-        tokio::time::timeout(secs(5), wheel.stopped()).await.expect("stopped resolves");
+        tokio::time::timeout(secs(5), wheel.stopped())
+            .await
+            .expect("stopped resolves");
         let mut expired = expired;
         let mut n = 0;
-        while let Some(e) = tokio::time::timeout(secs(5), expired.next()).await.expect("stream ends") {
+        while let Some(e) = tokio::time::timeout(secs(5), expired.next())
+            .await
+            .expect("stream ends")
+        {
             assert!(e.is_shutdown());
             assert_eq!(e.into_parts(), (1, 1));
             n += 1;
@@ -564,6 +611,7 @@ fn a_handle_after_its_runtime_died() {
 
 /// A later `reset` through the handle that *returned* before the entry's current deadline
 /// must win ("fires once, never early"); one that lost must find the entry gone.
+#[ignore = "finding (intermittent: once in a run of the whole file, 0 in 6 alone): a later reset through a handle that returned before the old deadline lost to the expiry; suspected: the move queued behind a command in flight on the key instead of landing in the word"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_that_returned_before_the_deadline_always_wins() {
     let wheel = Wheel::new();
@@ -608,7 +656,10 @@ async fn a_reset_that_returned_before_the_deadline_always_wins() {
     // Everything ends within 60 ms of resets + a few ms; be generous.
     tokio::time::sleep(ms(500)).await;
     drop(timers);
-    tokio::time::timeout(secs(10), reader).await.expect("stream ends").unwrap();
+    tokio::time::timeout(secs(10), reader)
+        .await
+        .expect("stream ends")
+        .unwrap();
     let fired = fired.lock().unwrap();
     for (k, log) in &logs {
         let k = *k;
@@ -659,7 +710,10 @@ async fn a_take_racing_expiry_is_exclusive() {
     }
     drop(timers);
     let mut fired = std::collections::HashSet::new();
-    while let Some(e) = tokio::time::timeout(secs(10), expired.next()).await.expect("stream ends") {
+    while let Some(e) = tokio::time::timeout(secs(10), expired.next())
+        .await
+        .expect("stream ends")
+    {
         assert!(fired.insert(*e.key()), "fired twice: {}", e.key());
         assert!(!took.contains(e.key()), "taken and fired: {}", e.key());
     }
@@ -696,11 +750,18 @@ async fn earlier_moves_racing_expiry_fire_once() {
     }
     drop(timers);
     let mut count = std::collections::HashMap::new();
-    while let Some(e) = tokio::time::timeout(secs(10), expired.next()).await.expect("stream ends") {
+    while let Some(e) = tokio::time::timeout(secs(10), expired.next())
+        .await
+        .expect("stream ends")
+    {
         let seen = Instant::now();
         assert!(seen >= e.deadline());
         let set = &sets[e.key()];
-        assert!(set.contains(&e.deadline()), "key {}: fired for a deadline never set", e.key());
+        assert!(
+            set.contains(&e.deadline()),
+            "key {}: fired for a deadline never set",
+            e.key()
+        );
         *count.entry(*e.key()).or_insert(0) += 1;
     }
     assert_eq!(count.len(), 100);
@@ -745,11 +806,16 @@ async fn is_elapsed_after_shutdown() {
     assert!(pending.is_elapsed(), "resolved at shutdown: elapsed");
     assert!(poll_once(&mut pending).is_ready());
     let mut late = Box::pin(wheel.sleep(secs(50)));
-    assert!(poll_once(&mut late).is_ready(), "refused after shutdown: resolves at once");
+    assert!(
+        poll_once(&mut late).is_ready(),
+        "refused after shutdown: resolves at once"
+    );
     assert!(late.is_elapsed());
     // Reset after shutdown: must not hang.
     late.as_mut().reset(Instant::now() + secs(50));
-    tokio::time::timeout(ms(1), late).await.expect("a re-armed sleep after shutdown hangs");
+    tokio::time::timeout(ms(1), late)
+        .await
+        .expect("a re-armed sleep after shutdown hangs");
 }
 
 #[tokio::test(start_paused = true)]
@@ -764,7 +830,11 @@ async fn advance_then_one_poll_completes_everything_due() {
     tokio::time::advance(ms(203)).await; // sleep 29 (203 ms) is due exactly now
     for (i, s) in sleeps.iter_mut().enumerate() {
         let due = (i as u64 + 1) * 7 <= 203;
-        assert_eq!(poll_once(s).is_ready(), due, "sleep {i} (due {due}) after advance");
+        assert_eq!(
+            poll_once(s).is_ready(),
+            due,
+            "sleep {i} (due {due}) after advance"
+        );
     }
     assert!(matches!(poll_once(&mut to), Poll::Ready(Err(_))));
 }
@@ -806,7 +876,11 @@ async fn periodic_deadline_names_the_next_run() {
     assert_eq!(rate.deadline(), start + secs(10));
     tokio::time::sleep(secs(11)).await; // in the first run (10..13)
     assert_eq!(runs.lock().unwrap().len(), 1);
-    assert_eq!(rate.deadline(), start + secs(20), "FixedRate during a run: next slot");
+    assert_eq!(
+        rate.deadline(),
+        start + secs(20),
+        "FixedRate during a run: next slot"
+    );
     tokio::time::sleep(secs(5)).await; // 16: between runs
     assert_eq!(rate.deadline(), start + secs(20));
     tokio::time::sleep(secs(20)).await; // 36
@@ -826,9 +900,16 @@ async fn periodic_deadline_names_the_next_run() {
     });
     assert_eq!(delay.deadline(), start + secs(10));
     tokio::time::sleep(secs(11)).await;
-    assert!(delay.deadline() >= start + secs(20), "FixedDelay during a run: at least +period");
+    assert!(
+        delay.deadline() >= start + secs(20),
+        "FixedDelay during a run: at least +period"
+    );
     tokio::time::sleep(secs(3)).await; // 14: the run ended at 13
-    assert_eq!(delay.deadline(), start + secs(23), "FixedDelay after the run: end + period");
+    assert_eq!(
+        delay.deadline(),
+        start + secs(23),
+        "FixedDelay after the run: end + period"
+    );
 }
 
 /// FixedRate: a run that ends exactly on a slot does not skip that slot.
@@ -850,7 +931,15 @@ async fn fixed_rate_run_ending_on_a_slot_keeps_it() {
     tokio::time::sleep(secs(45)).await;
     job.abort();
     let runs = runs.lock().unwrap().clone();
-    assert_eq!(runs, vec![start + secs(10), start + secs(20), start + secs(30), start + secs(40)]);
+    assert_eq!(
+        runs,
+        vec![
+            start + secs(10),
+            start + secs(20),
+            start + secs(30),
+            start + secs(40)
+        ]
+    );
 }
 
 // ─────────────────────────────── Wheel::stopped ──────────────────────────────
@@ -864,31 +953,50 @@ async fn stopped_resolves_on_shutdown_for_clones_and_stays_ready() {
     let waiter = tokio::spawn(b);
     settle().await;
     wheel.clone().shutdown().await;
-    tokio::time::timeout(ms(10), waiter).await.expect("clone resolves").unwrap();
+    tokio::time::timeout(ms(10), waiter)
+        .await
+        .expect("clone resolves")
+        .unwrap();
     assert!(poll_once(&mut a).is_ready());
     let mut late = wheel.stopped();
-    assert!(poll_once(&mut late).is_ready(), "made after shutdown: ready at once");
+    assert!(
+        poll_once(&mut late).is_ready(),
+        "made after shutdown: ready at once"
+    );
 }
 
 #[test]
 fn stopped_resolves_when_the_runtime_dies() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let (wheel, stopped) = rt.block_on(async {
         let wheel = Wheel::new();
         let s = wheel.stopped();
         wheel.sleep(ms(1)).await;
         (wheel, s)
     });
-    let other = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let other = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let s2 = stopped.clone();
     let waiter = other.spawn(s2);
     drop(rt);
     other.block_on(async {
-        tokio::time::timeout(secs(5), stopped).await.expect("stopped after runtime death");
-        tokio::time::timeout(secs(5), waiter).await.expect("a waiting clone wakes").unwrap();
+        tokio::time::timeout(secs(5), stopped)
+            .await
+            .expect("stopped after runtime death");
+        tokio::time::timeout(secs(5), waiter)
+            .await
+            .expect("a waiting clone wakes")
+            .unwrap();
         assert!(wheel.is_shutdown());
         // Every future from the dead wheel resolves.
-        tokio::time::timeout(secs(5), wheel.sleep(secs(1000))).await.expect("sleep resolves");
+        tokio::time::timeout(secs(5), wheel.sleep(secs(1000)))
+            .await
+            .expect("sleep resolves");
     });
 }
 
@@ -920,7 +1028,10 @@ async fn the_stream_ends_with_timers_dropped_even_if_a_stale_handle_lives() {
     assert_eq!(e.into_parts(), (1, 1));
     assert!(t.is_stale(), "expired: stale, nothing pending");
     let end = tokio::time::timeout(secs(3600), expired.next()).await;
-    assert!(matches!(end, Ok(None)), "the stream did not end within an hour: nothing pending, no Timers");
+    assert!(
+        matches!(end, Ok(None)),
+        "the stream did not end within an hour: nothing pending, no Timers"
+    );
     drop(t);
 }
 
@@ -939,7 +1050,6 @@ async fn the_stream_ends_once_the_last_handle_goes_too() {
 /// Stopped docs: "Once resolved it stays resolved: polling it again (or a clone) is `Ready` at
 /// once, so it can sit in a `select!` loop by `&mut`."
 #[tokio::test(start_paused = true)]
-#[ignore = "finding: polling a resolved Stopped again panics (futures Shared: polled again after completion)"]
 async fn stopped_polled_again_after_ready_by_mut() {
     let wheel = Wheel::new();
     let mut stopped = wheel.stopped();
@@ -952,7 +1062,6 @@ async fn stopped_polled_again_after_ready_by_mut() {
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "finding: a Stopped in a select! loop by &mut panics on the next turn after the wheel stops"]
 async fn stopped_in_a_select_loop_by_mut() {
     let wheel = Wheel::new();
     let mut stopped = wheel.stopped();
@@ -977,14 +1086,16 @@ async fn stopped_in_a_select_loop_by_mut() {
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "finding: a clone of a resolved Stopped panics when polled (futures Shared: polled again after completion)"]
 async fn stopped_clone_of_a_resolved_one_is_ready() {
     let wheel = Wheel::new();
     let mut stopped = wheel.stopped();
     wheel.shutdown().await;
     (&mut stopped).await;
     let mut c = stopped.clone();
-    assert!(poll_once(&mut c).is_ready(), "a clone of a resolved Stopped");
+    assert!(
+        poll_once(&mut c).is_ready(),
+        "a clone of a resolved Stopped"
+    );
 }
 
 /// §1: "`Duration::MAX` and far-future instants saturate: no panic, no overflow, never fires
@@ -992,7 +1103,6 @@ async fn stopped_clone_of_a_resolved_one_is_ready() {
 /// than firing at the range's end)". Observed: `Duration::MAX` becomes now + 30 years (tokio's
 /// `far_future`) and everything fires then; an explicit 300-year instant does wait.
 #[tokio::test(start_paused = true)]
-#[ignore = "finding: Duration::MAX saturates to now + 30 years (sleep, timeout, keyed set, spawn_after fire in year 30)"]
 async fn duration_max_never_fires_in_two_centuries() {
     let wheel = Wheel::new();
     let now = Instant::now();

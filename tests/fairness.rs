@@ -157,23 +157,41 @@ fn check(flavor: &str, runtime: tokio::runtime::Runtime) {
     runtime.block_on(wheel.shutdown());
 }
 
+/// Runs `check` up to three times, on a fresh runtime each: passes if one run keeps the bound.
+/// An actor that starves its runtime (the bug this guards against: gaps of seconds) fails every
+/// run; another process preempting the heartbeat's thread (a build beside the tests on two
+/// cores: 115–147 ms seen once, 14–20 ms when idle) does not three times in a row.
+fn check_at_most_three_times(flavor: &str, runtime: impl Fn() -> tokio::runtime::Runtime) {
+    for attempt in 1..=3 {
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(flavor, runtime())));
+        match result {
+            Ok(()) => return,
+            Err(panic) if attempt == 3 => std::panic::resume_unwind(panic),
+            Err(_) => eprintln!("{flavor}: attempt {attempt} over the bound; again"),
+        }
+    }
+}
+
 #[test]
 fn a_current_thread_runtime_fed_from_other_threads_keeps_polling_its_tasks() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    check("current-thread", runtime);
+    check_at_most_three_times("current-thread", || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    });
 }
 
 #[test]
 fn a_multi_thread_runtime_fed_from_other_threads_keeps_polling_its_tasks() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    check("multi-thread", runtime);
+    check_at_most_three_times("multi-thread", || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    });
 }
 
 /// Beats every 10 ms on a current-thread runtime while `work` runs on another thread against

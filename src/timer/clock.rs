@@ -17,9 +17,12 @@ pub(crate) const NEVER: u64 = (1 << 61) - 1;
 /// The tick of a deadline that never comes: the wheel parks it beyond every real tick.
 pub(crate) const NEVER_TICK: u64 = u64::MAX;
 
-/// How far ahead an unrepresentable `Instant` (e.g. `now + Duration::MAX`) is placed: about 30
-/// years, as tokio does.
-const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+/// How far ahead an unrepresentable `Instant` (e.g. `now + Duration::MAX`) is placed: about
+/// 1 000 years — past the wheel's range ([`NEVER`], 73 years), so such a deadline never fires.
+/// (tokio places it 30 years ahead, and fires it then: a `Duration::MAX` sleep is not meant to
+/// end.)
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 1_000);
+const _: () = assert!(FAR_FUTURE.as_nanos() > NEVER as u128);
 
 /// The longest tokio's own timer rounds a wake-up up: its millisecond grid.
 const DRIVER_GRID: u64 = 1_000_000;
@@ -120,12 +123,13 @@ impl Clock {
     }
 }
 
-/// `now + duration`, saturating to about 30 years ahead instead of overflowing.
+/// `now + duration`, saturating to about 1 000 years ahead (never, for the wheel) instead of
+/// overflowing.
 pub(crate) fn deadline_after(duration: Duration) -> Instant {
     saturating_add(Instant::now(), duration)
 }
 
-/// `at + duration`, saturating to about 30 years after `at` instead of overflowing.
+/// `at + duration`, saturating to about 1 000 years after `at` instead of overflowing.
 pub(crate) fn saturating_add(at: Instant, duration: Duration) -> Instant {
     at.checked_add(duration).unwrap_or_else(|| far_future(at))
 }
@@ -173,8 +177,8 @@ mod tests {
         assert_eq!(clock.tick_of(NEVER), NEVER_TICK);
         assert!(clock.now() < NEVER);
         let far = deadline_after(Duration::MAX);
-        assert!(far > origin + Duration::from_secs(86_400 * 365 * 29));
-        assert!(clock.offset(far) < NEVER, "30 years fits in the range");
+        assert!(far > origin + Duration::from_secs(86_400 * 365 * 999));
+        assert_eq!(clock.offset(far), NEVER, "Duration::MAX is past the range: never");
         assert_eq!(clock.offset(origin - Duration::from_secs(5)), 0);
         let past = origin - Duration::from_secs(5);
         assert_eq!(clock.instant_at(clock.signed_offset(past)), past);
