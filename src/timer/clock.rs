@@ -178,7 +178,11 @@ mod tests {
         assert!(clock.now() < NEVER);
         let far = deadline_after(Duration::MAX);
         assert!(far > origin + Duration::from_secs(86_400 * 365 * 999));
-        assert_eq!(clock.offset(far), NEVER, "Duration::MAX is past the range: never");
+        assert_eq!(
+            clock.offset(far),
+            NEVER,
+            "Duration::MAX is past the range: never"
+        );
         assert_eq!(clock.offset(origin - Duration::from_secs(5)), 0);
         let past = origin - Duration::from_secs(5);
         assert_eq!(clock.instant_at(clock.signed_offset(past)), past);
