@@ -65,10 +65,8 @@ fn flood(
 }
 
 /// Beats every 10 ms for the flood's length, on the current runtime; returns the longest gap
-/// between beats and how late a job due 50 ms in started.
-async fn heartbeat_during_a_flood(wheel: Wheel) -> (Duration, Duration) {
-    let job_due = Instant::now() + Duration::from_millis(50);
-    let job = wheel.spawn_at(job_due, async move { job_due.elapsed() });
+/// between beats.
+async fn heartbeat() -> Duration {
     let mut worst = Duration::ZERO;
     let mut last = Instant::now();
     let until = last + FLOOD;
@@ -78,6 +76,15 @@ async fn heartbeat_during_a_flood(wheel: Wheel) -> (Duration, Duration) {
         worst = worst.max(now - last);
         last = now;
     }
+    worst
+}
+
+/// [`heartbeat`] while a job due 50 ms in waits on `wheel`; returns the longest gap and how
+/// late the job started.
+async fn heartbeat_during_a_flood(wheel: Wheel) -> (Duration, Duration) {
+    let job_due = Instant::now() + Duration::from_millis(50);
+    let job = wheel.spawn_at(job_due, async move { job_due.elapsed() });
+    let worst = heartbeat().await;
     (worst, job.await.expect("the job ran"))
 }
 
@@ -98,18 +105,7 @@ fn machine_noise(runtime: &tokio::runtime::Runtime) -> Duration {
             })
         })
         .collect();
-    let worst = runtime.block_on(async {
-        let mut worst = Duration::ZERO;
-        let mut last = Instant::now();
-        let until = last + FLOOD;
-        while last < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            let now = Instant::now();
-            worst = worst.max(now - last);
-            last = now;
-        }
-        worst
-    });
+    let worst = runtime.block_on(heartbeat());
     stop.store(true, Ordering::Relaxed);
     for spinner in spinners {
         spinner.join().unwrap();
