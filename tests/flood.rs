@@ -108,14 +108,9 @@ fn a_flood_loses_nothing_keeps_firing_and_gives_memory_back() {
         assert_eq!(s.pending, kept.len() as u64, "{s:?}");
         assert_eq!(s.inserted, s.fired + s.cancelled + s.pending, "{s:?}");
         assert!(s.commands >= timers, "{s:?}");
-        // The actor's own lateness (fire time against deadline) must stay small; the heartbeat
-        // task's is larger, as it waits behind 64 busy producers for a worker.
+        // How late the actor fires during a flood is a timing fact for the benchmarks; here
+        // only that the heartbeat was not starved outright (fairness.rs holds the 100 ms bound).
         assert!(beats >= 5, "the heartbeat starved: {beats} beats in 1.5 s");
-        assert!(
-            s.max_lateness < Duration::from_millis(500),
-            "the actor fired {:?} late during the flood",
-            s.max_lateness
-        );
 
         drop(kept);
         wheel.flush().await;

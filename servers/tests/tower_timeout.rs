@@ -95,11 +95,8 @@ async fn a_real_server_answers_slow_requests_with_the_layers_elapsed() {
         (status, &body[..]),
         (StatusCode::GATEWAY_TIMEOUT, &b"timeout"[..])
     );
+    // The handler answers OK after 2 s: a 504 means the layer cut it first.
     assert!(took >= timeout, "timed out after {took:?}");
-    assert!(
-        took < Duration::from_millis(1500),
-        "timed out only after {took:?}"
-    );
     // The connection goes on serving.
     let (status, _, _) = get("/10").await;
     assert_eq!(status, StatusCode::OK);
