@@ -122,6 +122,18 @@ impl Interval {
         self.reset_at(saturating_add(Instant::now(), self.period));
     }
 
+    /// Restarts the interval with a tick at once: the next tick completes now, and later
+    /// ticks follow from it (tokio's `Interval::reset_immediately`).
+    pub fn reset_immediately(&mut self) {
+        self.reset_at(Instant::now());
+    }
+
+    /// Restarts the interval: the next tick is `after` from now, and later ticks follow from
+    /// it (tokio's `Interval::reset_after`). Saturates, as every deadline here does.
+    pub fn reset_after(&mut self, after: Duration) {
+        self.reset_at(saturating_add(Instant::now(), after));
+    }
+
     /// Moves the next tick to `deadline`; later ticks follow from it.
     pub fn reset_at(&mut self, deadline: Instant) {
         Pin::new(&mut self.sleep).reset(deadline);

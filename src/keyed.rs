@@ -47,6 +47,16 @@
 //! and each unread expiration costs its key, value and deadline (plus the channel's slot) in
 //! memory (see [`Stats::expirations_backlog`](crate::Stats)).
 //!
+//! # Compared with tokio-util's `DelayQueue`
+//!
+//! `DelayQueue` runs its wheel inside the consumer's poll; a set here has its own actor task.
+//! So an entry set (or moved) to a deadline already past is delivered on that actor's next
+//! turn — once the calling task yields, with no time passing — rather than inside the call;
+//! an entry that fired sits in the stream's buffer, no longer removable (`take` answers
+//! `None`); and the stream ends when every [`Timers`] clone is dropped and nothing is
+//! pending, not whenever the set is empty. `tests/tokio_suite_delay_queue.rs` runs
+//! tokio-util's own `DelayQueue` tests against a set and lists each such difference.
+//!
 //! # Shutdown
 //!
 //! Every command made before [`Wheel::shutdown`](crate::Wheel::shutdown) is called, or before
