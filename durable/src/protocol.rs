@@ -16,6 +16,7 @@ use crate::{
     Cursor, DeadLetter, Delivery, Error, Page, QueueStats, Recurring, RetryPolicy, Task,
     TaskFilter, TaskId, TaskInfo,
 };
+use crate::RecurringPage;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
@@ -63,6 +64,11 @@ pub(crate) enum Request {
     Stats(Reply<QueueStats>),
     ScheduleRecurring(Recurring, Reply<TaskId>),
     CancelRecurring(String, Reply<bool>),
+    /// One task's payload, if there is such a task.
+    Payload(String, Reply<Option<Vec<u8>>>),
+    /// Recurring schedules after a position in the pending list (checked to be of that
+    /// list), at most this many, looking through at most one step's entries.
+    RecurringPage(Option<Cursor>, usize, Reply<RecurringPage>),
 }
 
 /// A stream that wants deliveries, as one step sees it.
