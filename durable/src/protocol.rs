@@ -12,11 +12,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_wheel::{Stopped, Wheel};
 
+use crate::RecurringPage;
 use crate::{
     Cursor, DeadLetter, Delivery, Error, Page, QueueStats, Recurring, RetryPolicy, Task,
     TaskFilter, TaskId, TaskInfo,
 };
-use crate::RecurringPage;
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, Error>>;
 

@@ -10,10 +10,10 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio_wheel::Wheel;
 
+use crate::RecurringPage;
 use crate::protocol::{Consumer, Request};
 use crate::{Builder, DeadLetter, Deliveries, Error, Task, TaskId, delay_ms, epoch_ms};
 use crate::{Cursor, PAGE_LIMIT, Page, QueueStats, Recurring, TaskFilter, TaskInfo};
-use crate::RecurringPage;
 
 /// Where a handle's calls go: through the engine task (embedded: it owns the store), or
 /// straight to the Redis server from the caller's task (each call is one atomic script; the
@@ -467,7 +467,9 @@ impl DurableQueue {
             }
             return redis.recurring_page(cursor, limit).await;
         }
-        let cursor = cursor.map(|c| c.for_list(TaskFilter::Pending)).transpose()?;
+        let cursor = cursor
+            .map(|c| c.for_list(TaskFilter::Pending))
+            .transpose()?;
         let cursor = cursor.cloned();
         self.ask(|reply| Request::RecurringPage(cursor, limit, reply))
             .await

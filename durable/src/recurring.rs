@@ -353,7 +353,9 @@ impl Spec {
         RecurringInfo {
             id: TaskId::from(id),
             kind: match &self.kind {
-                Kind::Every { period_ms, .. } => RecurringKind::Every(Duration::from_millis(*period_ms)),
+                Kind::Every { period_ms, .. } => {
+                    RecurringKind::Every(Duration::from_millis(*period_ms))
+                }
                 Kind::Cron { expression, .. } => RecurringKind::Cron(expression.clone()),
             },
             next: super::protocol::system_time(self.next_after(self.last_ms)),

@@ -324,7 +324,11 @@ impl Shared {
     ) -> Result<RecurringPage, Error> {
         let (mut p, mut filter, mut start) = match cursor {
             None => (0, TaskFilter::Pending, Start::First),
-            Some(c) => (partition_of(&c.id, self.parts.len()), c.filter, Start::At(c)),
+            Some(c) => (
+                partition_of(&c.id, self.parts.len()),
+                c.filter,
+                Start::At(c),
+            ),
         };
         let mut budget = PAGE;
         let mut items = Vec::new();
@@ -334,7 +338,11 @@ impl Shared {
             let rows = self.page_of(p, filter, start, budget, false).await?;
             let exhausted = rows.len() < budget;
             budget -= rows.len();
-            let wanted = if filter == TaskFilter::Pending { "r|" } else { "R|" };
+            let wanted = if filter == TaskFilter::Pending {
+                "r|"
+            } else {
+                "R|"
+            };
             for row in rows {
                 if row.meta.starts_with(wanted) {
                     let spec = row.meta.splitn(7, '|').nth(6).unwrap_or_default();
@@ -362,12 +370,15 @@ impl Shared {
                 }
             }
         }
-        let next = (!ended).then_some(last).flatten().map(|(filter, row)| Cursor {
-            filter,
-            first: row.score,
-            seq: row.seq,
-            id: row.id,
-        });
+        let next = (!ended)
+            .then_some(last)
+            .flatten()
+            .map(|(filter, row)| Cursor {
+                filter,
+                first: row.score,
+                seq: row.seq,
+                id: row.id,
+            });
         Ok(RecurringPage { items, next })
     }
 }

@@ -68,6 +68,15 @@ impl Scripts {
     }
 }
 
+impl Scripts {
+    /// Whether `script` only reads (what a read-only handle may run).
+    pub(super) fn reads_only(&self, script: &Script) -> bool {
+        [&self.get, &self.list, &self.stats, &self.payload]
+            .iter()
+            .any(|reader| reader.get_hash() == script.get_hash())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Each script's own file, as the header convention applies to it.

@@ -235,11 +235,8 @@ impl StepState<'_> {
         cursor: Option<&Cursor>,
         limit: usize,
     ) -> Result<RecurringPage, Error> {
-        let entries = tasks.ordered(
-            Table::Pending,
-            cursor.map(|c| (c.first, c.seq)),
-            STEP_LIMIT,
-        )?;
+        let entries =
+            tasks.ordered(Table::Pending, cursor.map(|c| (c.first, c.seq)), STEP_LIMIT)?;
         let ended = entries.len() < STEP_LIMIT;
         let mut items = Vec::new();
         let mut last = None;
