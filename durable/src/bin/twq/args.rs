@@ -51,7 +51,9 @@ pub(crate) struct Cli {
     #[arg(global = true, help_heading = "Queue")]
     pub(crate) queue: Option<String>,
 
-    /// How many partitions the Redis queue is spread over (as its apps open it).
+    /// How many partitions the Redis queue is spread over (as its apps open it). Needed only
+    /// by commands that change the queue: stats, list, get and recurring list read the count
+    /// from the queue (they open it read-only and write nothing to the server).
     #[arg(
         long,
         value_name = "N",

@@ -7,9 +7,11 @@
 //! ```
 //!
 //! Tables for people, `--json` for scripts (one document per command). Exit status: 0 done;
-//! 1 the task named is not there, or not in a state the command can act on; 2 an error, with
-//! one line on standard error. A password in a Redis URL is never printed. Built only on the
-//! public API of `tokio_wheel_durable`.
+//! 1 the task named (or the Redis queue named) is not there, or not in a state the command
+//! can act on; 2 an error, with one line on standard error. A password in a Redis URL is
+//! never printed. Commands that only look (stats, list, get, recurring list) open a Redis
+//! queue read-only and write nothing to the server. Built only on the public API of
+//! `tokio_wheel_durable`.
 
 mod args;
 mod detail;
