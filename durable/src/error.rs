@@ -30,7 +30,7 @@ pub enum Error {
     /// will not help. The message never contains the credentials.
     Denied(String),
     /// The queue named does not exist on the server: a handle opened
-    /// [`read_only`](crate::Builder::read_only) found none of its keys (a misspelt name?).
+    /// with `Builder::read_only` (feature `redis`) found none of its keys (a misspelt name?).
     NoQueue(String),
 }
 
