@@ -27,6 +27,7 @@ pub struct Builder {
     replicas: usize,
     allow_evicting_server: bool,
     tls_roots: Option<Vec<u8>>,
+    read_only: bool,
 }
 
 impl fmt::Debug for Builder {
@@ -43,6 +44,7 @@ impl fmt::Debug for Builder {
             .field("replicas", &self.replicas)
             .field("allow_evicting_server", &self.allow_evicting_server)
             .field("tls_roots", &self.tls_roots.as_ref().map(Vec::len))
+            .field("read_only", &self.read_only)
             .finish()
     }
 }
@@ -61,6 +63,7 @@ impl Default for Builder {
             replicas: 0,
             allow_evicting_server: false,
             tls_roots: None,
+            read_only: false,
         }
     }
 }
@@ -190,6 +193,42 @@ impl Builder {
         self
     }
 
+    /// Redis: open the queue for inspection only (default `false`) — for a dashboard or an
+    /// operator's tool. Such a handle writes nothing to the server, at connect or after:
+    ///
+    /// - the queue must exist: if the server holds none of its keys (its partition record,
+    ///   its tasks, its counters), [`redis`](Builder::redis) and
+    ///   [`redis_cluster`](Builder::redis_cluster) fail with [`Error::NoQueue`] and leave
+    ///   nothing behind (an ordinary handle records the partition count at connect, so a
+    ///   misspelt name would leave a key);
+    /// - its partition count is read from the server ([`partitions`](Builder::partitions)
+    ///   is only used for a queue made before the count was recorded);
+    /// - it answers [`get`](DurableQueue::get), [`payload`](DurableQueue::payload),
+    ///   [`list`](DurableQueue::list), [`list_page`](DurableQueue::list_page),
+    ///   [`recurring_page`](DurableQueue::recurring_page),
+    ///   [`dead_letters`](DurableQueue::dead_letters), [`stats`](DurableQueue::stats) and
+    ///   [`len`](DurableQueue::len); every call that would write (`schedule`, `cancel`,
+    ///   `purge_dead`, …) fails with [`Error::Invalid`], and
+    ///   [`deliveries`](DurableQueue::deliveries) ends at once (it never claims). It starts no
+    ///   claiming engine and subscribes to no channel.
+    ///
+    /// ```no_run
+    /// # use tokio_wheel_durable::{DurableQueue, Error};
+    /// # async fn look(wheel: &tokio_wheel::Wheel) -> Result<(), Error> {
+    /// let queue = DurableQueue::builder()
+    ///     .read_only(true)
+    ///     .redis("redis://127.0.0.1:6379/", "orders", wheel)
+    ///     .await?; // Err(Error::NoQueue(..)) if there is no queue "orders"
+    /// println!("{:?}", queue.stats().await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn read_only(mut self, on: bool) -> Builder {
+        self.read_only = on;
+        self
+    }
+
     /// Redis over TLS (`rediss://`, feature `redis-tls`): trust these PEM root certificates
     /// (e.g. a private CA) instead of the system's. Without it, the system's roots are used
     /// (`SSL_CERT_FILE` is honoured).
@@ -305,6 +344,7 @@ impl Builder {
             replicas: self.replicas,
             allow_evicting_server: self.allow_evicting_server,
             tls_roots: self.tls_roots.clone(),
+            read_only: self.read_only,
         };
         let (requests, shared) = crate::redis::start(target, name, settings, wheel).await?;
         Ok(DurableQueue {

@@ -12,7 +12,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, TaskFilter, TaskInfo};
+use crate::{Error, RecurringInfo, TaskFilter, TaskInfo};
 
 /// A position in one of a queue's lists, from [`Page::next`]: where the next page starts.
 ///
@@ -139,6 +139,19 @@ pub struct Page {
     /// The tasks, in the list's order.
     pub items: Vec<TaskInfo>,
     /// Where the next page starts; `None` at the end of the list (this page was not full).
+    pub next: Option<Cursor>,
+}
+
+/// One page of recurring schedules, from
+/// [`DurableQueue::recurring_page`](crate::DurableQueue::recurring_page).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecurringPage {
+    /// The schedules, in the order of the store's pending list (next due time).
+    pub items: Vec<RecurringInfo>,
+    /// Where the next page starts; `None` once the whole list was looked through. A page
+    /// may hold fewer schedules than asked for (even none) and still have a `next`: each
+    /// call looks through a bounded stretch of the pending list.
     pub next: Option<Cursor>,
 }
 

@@ -29,6 +29,9 @@ pub enum Error {
     /// client refused the server (an untrusted or mismatched TLS certificate). Final: retrying
     /// will not help. The message never contains the credentials.
     Denied(String),
+    /// The queue named does not exist on the server: a handle opened
+    /// with `Builder::read_only` (feature `redis`) found none of its keys (a misspelt name?).
+    NoQueue(String),
 }
 
 impl Error {
@@ -69,6 +72,7 @@ impl fmt::Display for Error {
             Error::InFlight => f.write_str("the task is being delivered and cannot be replaced"),
             Error::Invalid(why) => write!(f, "invalid durable queue setting: {why}"),
             Error::Denied(why) => write!(f, "the task store refused the connection: {why}"),
+            Error::NoQueue(name) => write!(f, "no queue {name} on this server"),
         }
     }
 }

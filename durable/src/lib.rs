@@ -102,14 +102,14 @@ pub use self::embedded::store;
 pub(crate) use self::embedded::{engine, tasks};
 
 pub use self::builder::Builder;
-pub use self::cursor::{Cursor, Page};
+pub use self::cursor::{Cursor, Page, RecurringPage};
 pub use self::delivery::{Deliveries, Delivery};
 pub use self::error::Error;
 pub use self::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState};
 pub use self::policy::RetryPolicy;
 pub use self::queue::DurableQueue;
 pub(crate) use self::queue::Route;
-pub use self::recurring::{CatchUp, MAX_CATCH_UP, Recurring};
+pub use self::recurring::{CatchUp, MAX_CATCH_UP, Recurring, RecurringInfo, RecurringKind};
 pub use self::task::{DeadLetter, Task, TaskId};
 pub(crate) use self::task::{MAX_DUE_MS, delay_ms, epoch_ms};
 #[cfg_attr(not(feature = "redis"), allow(unused_imports))]

@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_wheel::{Stopped, Wheel};
 
+use crate::RecurringPage;
 use crate::{
     Cursor, DeadLetter, Delivery, Error, Page, QueueStats, Recurring, RetryPolicy, Task,
     TaskFilter, TaskId, TaskInfo,
@@ -63,6 +64,11 @@ pub(crate) enum Request {
     Stats(Reply<QueueStats>),
     ScheduleRecurring(Recurring, Reply<TaskId>),
     CancelRecurring(String, Reply<bool>),
+    /// One task's payload, if there is such a task.
+    Payload(String, Reply<Option<Vec<u8>>>),
+    /// Recurring schedules after a position in the pending list (checked to be of that
+    /// list), at most this many, looking through at most one step's entries.
+    RecurringPage(Option<Cursor>, usize, Reply<RecurringPage>),
 }
 
 /// A stream that wants deliveries, as one step sees it.

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio_wheel::Wheel;
 
+use crate::RecurringPage;
 use crate::protocol::{Consumer, Request};
 use crate::{Builder, DeadLetter, Deliveries, Error, Task, TaskId, delay_ms, epoch_ms};
 use crate::{Cursor, PAGE_LIMIT, Page, QueueStats, Recurring, TaskFilter, TaskInfo};
@@ -390,6 +391,88 @@ impl DurableQueue {
         }
         let id = id.as_str().to_owned();
         self.ask(|reply| Request::CancelRecurring(id, reply)).await
+    }
+
+    /// The payload of task `id` (a recurring schedule's: what each occurrence carries), or
+    /// `None` if there is no task of that id. For an operator's look at one task (the
+    /// payload is read only here and when a task is handed out).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn payload(&self, id: &TaskId) -> Result<Option<Vec<u8>>, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.payload(id.as_str()).await;
+        }
+        let id = id.as_str().to_owned();
+        self.ask(|reply| Request::Payload(id, reply)).await
+    }
+
+    /// A page of at most `limit` recurring schedules (capped at [`PAGE_LIMIT`]), from the
+    /// start (`cursor` `None`) or from where a previous page ended ([`RecurringPage::next`]),
+    /// in order of their next due time.
+    ///
+    /// **Cost.** A schedule is kept as a pending entry at its next due time, among the pending
+    /// tasks; there is no separate index of schedules. So a call looks through the pending
+    /// list: at most [`PAGE_LIMIT`] entries per call (embedded: one read in one transaction;
+    /// Redis: one read-only script per partition visited, each on at most that many
+    /// entries), and a page may come back with fewer schedules than `limit` — even none —
+    /// and a `next` to go on from. Listing every schedule of a queue with `n` pending tasks
+    /// takes about `n / 1000` calls. Loop until `next` is `None`:
+    ///
+    /// ```
+    /// # use tokio_wheel_durable::{DurableQueue, Error, RecurringInfo};
+    /// # async fn schedules(queue: &DurableQueue) -> Result<Vec<RecurringInfo>, Error> {
+    /// let mut all = Vec::new();
+    /// let mut cursor = None;
+    /// loop {
+    ///     let page = queue.recurring_page(cursor.as_ref(), 100).await?;
+    ///     all.extend(page.items);
+    ///     match page.next {
+    ///         Some(next) => cursor = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(all)
+    /// # }
+    /// ```
+    ///
+    /// The cursor is a position, as for [`list_page`](DurableQueue::list_page): a schedule
+    /// that stays in place is listed once. One that fires between two pages moves to its
+    /// next due time and may be listed again or missed, like any task that moves. On Redis, a
+    /// schedule a worker holds at that moment (for the few milliseconds it takes to make its
+    /// occurrences) is listed after the pending ones of its partition.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for a `limit` of 0 or a cursor that did not come from this call
+    /// (or from [`list_page`](DurableQueue::list_page) of the pending list), [`Error::Io`],
+    /// [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn recurring_page(
+        &self,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<RecurringPage, Error> {
+        if limit == 0 {
+            return Err(Error::Invalid(
+                "a page holds at least one schedule (limit 0)".into(),
+            ));
+        }
+        let limit = limit.min(PAGE_LIMIT);
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            if let Some(cursor) = cursor.filter(|c| c.filter == TaskFilter::Dead) {
+                cursor.for_list(TaskFilter::Pending)?;
+            }
+            return redis.recurring_page(cursor, limit).await;
+        }
+        let cursor = cursor
+            .map(|c| c.for_list(TaskFilter::Pending))
+            .transpose()?;
+        let cursor = cursor.cloned();
+        self.ask(|reply| Request::RecurringPage(cursor, limit, reply))
+            .await
     }
 
     /// A stream of due tasks. Tasks are claimed only while a stream is polled, at most the

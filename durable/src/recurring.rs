@@ -343,6 +343,67 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// What [`DurableQueue::recurring_page`](super::DurableQueue::recurring_page) reports of
+    /// the schedule `id` with this definition and a payload of `payload_len` bytes. The next
+    /// occurrence is the first one after what was made (`last_ms`): a schedule declared but
+    /// not yet claimed (due at once, so a worker computes it) shows its real next time, and
+    /// one whose occurrences are owed (nothing consumed) shows the oldest owed, in the past.
+    pub(crate) fn info(&self, id: &str, payload_len: u64) -> RecurringInfo {
+        RecurringInfo {
+            id: TaskId::from(id),
+            kind: match &self.kind {
+                Kind::Every { period_ms, .. } => {
+                    RecurringKind::Every(Duration::from_millis(*period_ms))
+                }
+                Kind::Cron { expression, .. } => RecurringKind::Cron(expression.clone()),
+            },
+            next: super::protocol::system_time(self.next_after(self.last_ms)),
+            catch_up: self.catch_up,
+            payload_len: usize::try_from(payload_len).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// How a recurring schedule recurs, as [`RecurringInfo`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecurringKind {
+    /// Every period ([`Recurring::every`]).
+    Every(Duration),
+    /// At the times a cron expression names, in UTC ([`Recurring::cron`]).
+    Cron(String),
+}
+
+impl fmt::Display for RecurringKind {
+    /// `every 60000ms` or `cron 0 */5 * * * *` (the form of a schedule's default id).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecurringKind::Every(period) => write!(f, "every {}ms", super::delay_ms(*period)),
+            RecurringKind::Cron(expression) => write!(f, "cron {expression}"),
+        }
+    }
+}
+
+/// One recurring schedule as the store holds it, from
+/// [`DurableQueue::recurring_page`](super::DurableQueue::recurring_page).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecurringInfo {
+    /// The schedule's id (its occurrences are `"{id}@{ms}"`).
+    pub id: TaskId,
+    /// Every period, or a cron expression.
+    pub kind: RecurringKind,
+    /// Its next occurrence, by the store's clock: the first after the occurrences already
+    /// made. In the past when occurrences are owed (nothing consumed the queue since); the
+    /// [`catch_up`](RecurringInfo::catch_up) rule then says how many are delivered.
+    pub next: std::time::SystemTime,
+    /// What it does about missed occurrences.
+    pub catch_up: CatchUp,
+    /// The length in bytes of the payload each occurrence carries.
+    pub payload_len: usize,
+}
+
 fn to_datetime(ms: u64) -> Option<DateTime<Utc>> {
     DateTime::<Utc>::from_timestamp_millis(i64::try_from(ms).ok()?)
 }

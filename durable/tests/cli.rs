@@ -594,10 +594,198 @@ async fn every_subcommand(backend: &Backend) {
         .not_found("not a recurring schedule");
 }
 
+/// Standard base64, decoded (for `get --payload --json`).
+fn unbase64(text: &str) -> Vec<u8> {
+    let value = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {text}"),
+        }
+    };
+    let mut out = Vec::new();
+    for chunk in text.as_bytes().chunks(4) {
+        let data: Vec<u8> = chunk.iter().copied().filter(|&c| c != b'=').collect();
+        let word = data
+            .iter()
+            .enumerate()
+            .fold(0u32, |word, (i, &c)| word | value(c) << (18 - 6 * i));
+        for i in 0..data.len().saturating_sub(1) {
+            out.push((word >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+/// `get --payload` (text and binary, for people and as JSON) and `recurring list` (paged by
+/// its cursor, JSON checked against the library).
+async fn payloads_and_recurring_list(backend: &Backend) {
+    let binary: Vec<u8> = vec![0x00, 0x9f, 0xff, b'\n', b'a'];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payload.bin");
+    std::fs::write(&file, &binary).unwrap();
+    let file = file.display().to_string();
+    backend
+        .twq(&[
+            "schedule",
+            "--payload-file",
+            &file,
+            "--id",
+            "bin",
+            "--after",
+            "1h",
+        ])
+        .await
+        .ok();
+    backend
+        .twq(&[
+            "schedule",
+            "--payload",
+            "héllo\u{1b}[31m",
+            "--id",
+            "txt",
+            "--after",
+            "1h",
+        ])
+        .await
+        .ok();
+    let run = backend.twq(&["get", "bin", "--payload"]).await.ok();
+    assert!(
+        run.stdout
+            .ends_with("payload (5 bytes, not UTF-8, hex):\n009fff0a61\n"),
+        "{run:?}"
+    );
+    let run = backend.twq(&["get", "txt", "--payload"]).await.ok();
+    // The escape character is shown escaped, never sent to the terminal.
+    assert!(
+        run.stdout
+            .ends_with("payload (11 bytes, UTF-8 text):\nhéllo\\u{1b}[31m\n"),
+        "{run:?}"
+    );
+    let json = backend
+        .twq(&["--json", "get", "bin", "--payload"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(
+        unbase64(json["payload"]["base64"].as_str().unwrap()),
+        binary
+    );
+    assert_eq!(json["payload"]["text"], Value::Null);
+    assert_eq!(json["payload_len"], 5);
+    let json = backend
+        .twq(&["--json", "get", "txt", "--payload"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(json["payload"]["text"], "héllo\u{1b}[31m");
+    assert_eq!(
+        unbase64(json["payload"]["base64"].as_str().unwrap()),
+        "héllo\u{1b}[31m".as_bytes()
+    );
+    // Without --payload, no payload.
+    let json = backend.twq(&["--json", "get", "bin"]).await.ok().json();
+    assert!(json.get("payload").is_none(), "{json}");
+    backend
+        .twq(&["get", "nope", "--payload"])
+        .await
+        .not_found("no task nope");
+
+    // recurring list: nothing, then two schedules a page at a time.
+    let run = backend.twq(&["recurring", "list"]).await.ok();
+    assert_eq!(run.stdout, "no recurring schedules\n");
+    let queue = backend.open().await;
+    queue
+        .schedule_recurring(
+            Recurring::every(Duration::from_secs(3600))
+                .id("sweep")
+                .payload(b"abc".to_vec()),
+        )
+        .await
+        .unwrap();
+    queue
+        .schedule_recurring(Recurring::cron("0 0 4 * * *").unwrap().id("nightly"))
+        .await
+        .unwrap();
+    let library = queue.recurring_page(None, 10).await.unwrap().items;
+    queue.close().await;
+    assert_eq!(library.len(), 2);
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..3 {
+        let mut args = vec!["--json", "recurring", "list", "--limit", "1"];
+        if let Some(cursor) = &cursor {
+            args.extend(["--cursor", cursor.as_str()]);
+        }
+        let json = backend.twq(&args).await.ok().json();
+        listed.extend(json["recurring"].as_array().unwrap().iter().cloned());
+        cursor = json["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert!(cursor.is_none(), "no end after 3 pages");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    for (json, info) in listed.iter().zip(&library) {
+        assert_eq!(json["id"], info.id.as_str());
+        assert_eq!(json["next_ms"], ms_of(info.next));
+        assert_eq!(json["payload_len"], info.payload_len as u64);
+        assert_eq!(json["catch_up"], "latest");
+    }
+    let sweep = listed.iter().find(|j| j["id"] == "sweep").unwrap();
+    assert_eq!(
+        (&sweep["kind"], &sweep["period_ms"]),
+        (&Value::from("every"), &Value::from(3_600_000))
+    );
+    let nightly = listed.iter().find(|j| j["id"] == "nightly").unwrap();
+    assert_eq!(
+        (&nightly["kind"], &nightly["expression"]),
+        (&Value::from("cron"), &Value::from("0 0 4 * * *"))
+    );
+    let run = backend.twq(&["recurring", "list"]).await.ok();
+    let header = run.stdout.lines().next().unwrap();
+    assert!(
+        header.starts_with("ID ") && header.contains("CATCH-UP"),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout
+            .lines()
+            .any(|l| l.starts_with("sweep ") && l.contains("every") && l.contains("3 B")),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout
+            .lines()
+            .any(|l| l.starts_with("nightly ") && l.contains("0 0 4 * * *")),
+        "{run:?}"
+    );
+    backend
+        .twq(&["recurring", "list", "--cursor", "x"])
+        .await
+        .error("--cursor");
+    let json = backend
+        .twq(&["--json", "get", "sweep", "--payload"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(json["payload"]["text"], "abc");
+    for id in ["sweep", "nightly"] {
+        backend.twq(&["recurring", "cancel", id]).await.ok();
+    }
+    for id in ["bin", "txt"] {
+        backend.twq(&["cancel", id]).await.ok();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_subcommand_on_a_file() {
     let backend = Backend::file();
     every_subcommand(&backend).await;
+    payloads_and_recurring_list(&backend).await;
     // The embedded store's in-flight tasks live in the process that holds it: none here.
     let json = backend
         .twq(&["--json", "list", "in-flight"])
@@ -614,6 +802,7 @@ async fn every_subcommand_on_redis() {
     };
     every_subcommand(&backend).await;
     in_flight(&backend).await;
+    payloads_and_recurring_list(&backend).await;
 }
 
 /// A task held by a worker: listed in flight; neither replaced nor cancelled (exit 1, saying
@@ -967,7 +1156,13 @@ async fn partitions_must_match_the_queue() {
         &run.json(),
         &queue.get(&"p5".into()).await.unwrap().unwrap(),
     );
-    twq(&["--redis", &url, "--queue", "parts", "stats"])
+    // Commands that only look read the queue's own count (and write nothing)…
+    let run = twq(&["--redis", &url, "--queue", "parts", "--json", "stats"])
+        .await
+        .ok();
+    assert_eq!(run.json()["pending"], 8);
+    // … a command that writes must agree with it.
+    twq(&["--redis", &url, "--queue", "parts", "cancel", "p5"])
         .await
         .error("partition");
     queue.close().await;
@@ -1018,5 +1213,84 @@ async fn a_queue_on_redis_cluster() {
     );
     backend.twq(&["cancel", "k3"]).await.ok();
     assert_eq!(backend.get("k3").await, None);
+    // Recurring schedules of every partition, read-only through the cluster.
+    let queue = backend.open().await;
+    for id in ["r1", "r2", "r3", "r4"] {
+        queue
+            .schedule_recurring(Recurring::every(Duration::from_secs(600)).id(id))
+            .await
+            .unwrap();
+    }
+    queue.close().await;
+    let json = backend
+        .twq(&["--json", "recurring", "list"])
+        .await
+        .ok()
+        .json();
+    let mut ids: Vec<&str> = json["recurring"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["r1", "r2", "r3", "r4"]);
+    assert_eq!(json["next_cursor"], Value::Null);
+    let Store::Cluster { urls, .. } = &backend.store else {
+        unreachable!()
+    };
+    twq(&["--cluster", &urls.join(","), "--queue", "nope", "stats"])
+        .await
+        .not_found("no queue \"nope\" on this server");
     backend.twq(&["get", "k3"]).await.not_found("no task k3");
+}
+
+/// Every key on the server with its serialized value.
+fn server_snapshot(url: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut connection).unwrap();
+    keys.sort();
+    keys.into_iter()
+        .map(|key| {
+            let value: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut connection).unwrap();
+            (key, value)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misspelt_queue_name_says_so_and_writes_nothing() {
+    let Some(backend) = Backend::redis() else {
+        return;
+    };
+    let Store::Redis { url, .. } = &backend.store else {
+        unreachable!()
+    };
+    backend
+        .twq(&["schedule", "--payload", "x", "--id", "a", "--after", "1h"])
+        .await
+        .ok();
+    let before = server_snapshot(url);
+    let commands: [&[&str]; 4] = [
+        &["stats"],
+        &["list", "pending"],
+        &["get", "a"],
+        &["recurring", "list"],
+    ];
+    for command in commands {
+        let mut args = vec!["--redis", url.as_str(), "--queue", "opz"];
+        args.extend_from_slice(command);
+        twq(&args)
+            .await
+            .not_found("no queue \"opz\" on this server");
+        args.insert(4, "--json");
+        let run = twq(&args).await;
+        assert_eq!(run.code, 1, "{run:?}");
+        assert_eq!(run.json()["found"], false);
+        // The right name still reads (and writes nothing either).
+        let mut args = vec!["--redis", url.as_str(), "--queue", QUEUE];
+        args.extend_from_slice(command);
+        twq(&args).await.ok();
+    }
+    assert_eq!(server_snapshot(url), before, "a read-only command wrote");
 }

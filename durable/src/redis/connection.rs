@@ -67,6 +67,8 @@ pub(crate) struct Target {
     pub(crate) allow_evicting_server: bool,
     /// PEM root certificates to trust for `rediss://` (else the system's).
     pub(crate) tls_roots: Option<Vec<u8>>,
+    /// Inspect only: write nothing, at connect or after (see `Builder::read_only`).
+    pub(crate) read_only: bool,
 }
 
 /// Reply codes of a server that is there but cannot serve this client right now: still

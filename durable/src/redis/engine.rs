@@ -556,6 +556,8 @@ impl RedisEngine {
             | Request::Retry(..)
             | Request::Fail(..)
             | Request::Get(..)
+            | Request::Payload(..)
+            | Request::RecurringPage(..)
             | Request::List(..)
             | Request::DeadPage(..)
             | Request::ListPage(..)

@@ -6,7 +6,8 @@ use super::keys::partition_of;
 use super::shared::{PAGE, Shared, number, redis_args};
 use crate::inspect::{QueueStats, TaskFilter, TaskInfo, TaskState, percentile};
 use crate::protocol::{stale_cursor, system_time};
-use crate::{Cursor, DeadLetter, Error, Page, TaskId};
+use crate::recurring::Spec;
+use crate::{Cursor, DeadLetter, Error, Page, RecurringPage, TaskId};
 
 /// One entry of a list page: id, record, lease end, payload length (or payload), and its
 /// position (score in the index, schedule sequence).
@@ -294,6 +295,91 @@ impl Shared {
         stats.lateness_p50 = percentile(&mut late, 50);
         stats.lateness_p99 = percentile(&mut late, 99);
         Ok(stats)
+    }
+}
+
+impl Shared {
+    /// One task's payload, if there is such a task (`payload.lua`: reads only).
+    pub(crate) async fn payload(&self, id: &str) -> Result<Option<Vec<u8>>, Error> {
+        let keys = self.keys_for(id);
+        let reply: Vec<Vec<u8>> = self
+            .invoke(
+                &self.scripts.payload,
+                &[&keys.meta, &keys.payload],
+                redis_args!["tw-payload", id],
+            )
+            .await?;
+        Ok(reply.into_iter().next())
+    }
+
+    /// Recurring schedules after a position, looking through at most [`PAGE`] entries:
+    /// partition after partition, in each first the pending index (schedules `r`), then the
+    /// in-flight one (schedules `R`, held by a worker making their occurrences). The cursor
+    /// is the position of the last entry looked at, its list saying which index and its id
+    /// which partition.
+    pub(crate) async fn recurring_page(
+        &self,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<RecurringPage, Error> {
+        let (mut p, mut filter, mut start) = match cursor {
+            None => (0, TaskFilter::Pending, Start::First),
+            Some(c) => (
+                partition_of(&c.id, self.parts.len()),
+                c.filter,
+                Start::At(c),
+            ),
+        };
+        let mut budget = PAGE;
+        let mut items = Vec::new();
+        let mut last: Option<(TaskFilter, Row)> = None;
+        let mut ended = false;
+        'scan: while budget > 0 {
+            let rows = self.page_of(p, filter, start, budget, false).await?;
+            let exhausted = rows.len() < budget;
+            budget -= rows.len();
+            let wanted = if filter == TaskFilter::Pending {
+                "r|"
+            } else {
+                "R|"
+            };
+            for row in rows {
+                if row.meta.starts_with(wanted) {
+                    let spec = row.meta.splitn(7, '|').nth(6).unwrap_or_default();
+                    let len = number(&row.last).unwrap_or(0);
+                    items.push(Spec::decode(spec)?.info(&row.id, len));
+                }
+                last = Some((filter, row));
+                if items.len() == limit {
+                    break 'scan;
+                }
+            }
+            if !exhausted {
+                break;
+            }
+            // This index of this partition is done: the next one.
+            start = Start::First;
+            if filter == TaskFilter::Pending {
+                filter = TaskFilter::InFlight;
+            } else {
+                filter = TaskFilter::Pending;
+                p += 1;
+                if p == self.parts.len() {
+                    ended = true;
+                    break;
+                }
+            }
+        }
+        let next = (!ended)
+            .then_some(last)
+            .flatten()
+            .map(|(filter, row)| Cursor {
+                filter,
+                first: row.score,
+                seq: row.seq,
+                id: row.id,
+            });
+        Ok(RecurringPage { items, next })
     }
 }
 

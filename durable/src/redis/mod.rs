@@ -61,7 +61,8 @@
 //! | `shared.rs` | [`Shared`]: a queue's connection, partitions and scripts, and running a script (retries, replicas) |
 //! | `replicas.rs` | writes that wait for replicas: the script and its `WAIT` as one pipeline on a connection of their own |
 //! | `calls.rs` | schedule, change, recurring schedules, and a delivery's finish, extend and release |
-//! | `inspect.rs` | get, list, dead letters, stats, purge |
+//! | `inspect.rs` | get, list, dead letters, stats, purge, payloads, recurring schedules |
+//! | `read_only.rs` | a handle that only inspects (`Builder::read_only`): the queue must exist, nothing is written |
 //! | `engine.rs` | the claiming loop: claim rounds, prefetch buffers and their leases, renewals, retention |
 //! | `wake.rs` | the wake channel listener |
 
@@ -71,6 +72,7 @@ mod engine;
 mod eviction;
 mod inspect;
 mod keys;
+mod read_only;
 mod replicas;
 mod scripts;
 mod shared;
@@ -132,6 +134,9 @@ pub(crate) async fn start(
     // Every process of a queue must agree on its partitions, or tasks would be lost in
     // partitions nobody claims from.
     let config = format!("tw:{{{name}}}:config");
+    if target.read_only {
+        return read_only::start(target, &mut connection, link, name, settings, wheel).await;
+    }
     let (_, agreed): (bool, usize) = redis::pipe()
         .hset_nx(&config, "partitions", target.partitions)
         .hget(&config, "partitions")
@@ -159,6 +164,7 @@ pub(crate) async fn start(
             0 => None,
             _ => Some(replicas::Waiting::new(&target)?),
         },
+        read_only: false,
     });
     let (wake_sender, wakes) = mpsc::unbounded_channel();
     let attachment = attach(wheel);

@@ -44,6 +44,8 @@ pub(super) struct Scripts {
     pub(super) get: Script,
     /// A partition's counts and counters (`stats.lua`).
     pub(super) stats: Script,
+    /// One task's payload (`payload.lua`).
+    pub(super) payload: Script,
 }
 
 impl Scripts {
@@ -61,14 +63,24 @@ impl Scripts {
             purge: script!("purge.lua"),
             get: script!("get.lua"),
             stats: script!("stats.lua"),
+            payload: script!("payload.lua"),
         }
+    }
+}
+
+impl Scripts {
+    /// Whether `script` only reads (what a read-only handle may run).
+    pub(super) fn reads_only(&self, script: &Script) -> bool {
+        [&self.get, &self.list, &self.stats, &self.payload]
+            .iter()
+            .any(|reader| reader.get_hash() == script.get_hash())
     }
 }
 
 #[cfg(test)]
 mod tests {
     /// Each script's own file, as the header convention applies to it.
-    const FILES: [(&str, &str); 12] = [
+    const FILES: [(&str, &str); 13] = [
         ("schedule.lua", include_str!("scripts/schedule.lua")),
         ("claim.lua", include_str!("scripts/claim.lua")),
         ("finish.lua", include_str!("scripts/finish.lua")),
@@ -84,6 +96,7 @@ mod tests {
         ("purge.lua", include_str!("scripts/purge.lua")),
         ("get.lua", include_str!("scripts/get.lua")),
         ("stats.lua", include_str!("scripts/stats.lua")),
+        ("payload.lua", include_str!("scripts/payload.lua")),
     ];
 
     #[test]

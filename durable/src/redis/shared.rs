@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub(super) eviction: eviction::Guard,
     /// With replicas to wait for: the connections waiting writes run on.
     pub(super) waiting: Option<Waiting>,
+    /// Opened with `Builder::read_only`: only the scripts that read may run.
+    pub(super) read_only: bool,
 }
 
 pub(super) fn delay_ms_floor(duration: Duration) -> u64 {
@@ -94,6 +96,16 @@ impl Shared {
         result
     }
 
+    /// A read-only handle runs only the scripts that read.
+    fn admit_script(&self, script: &Script) -> Result<(), Error> {
+        if self.read_only && !self.scripts.reads_only(script) {
+            return Err(Error::Invalid(
+                "this handle is read-only (Builder::read_only): it cannot change the queue".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Runs one of the queue's scripts, retrying while the server is unreachable.
     pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
@@ -101,6 +113,7 @@ impl Shared {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T, Error> {
+        self.admit_script(script)?;
         self.call(|mut connection| {
             let mut invocation = script.prepare_invoke();
             for key in keys {
@@ -124,6 +137,7 @@ impl Shared {
         keys: &[&str],
         args: Vec<Vec<u8>>,
     ) -> Result<T, Error> {
+        self.admit_script(script)?;
         let Some(waiting) = &self.waiting else {
             return self.invoke(script, keys, args).await;
         };

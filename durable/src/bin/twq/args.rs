@@ -51,7 +51,9 @@ pub(crate) struct Cli {
     #[arg(global = true, help_heading = "Queue")]
     pub(crate) queue: Option<String>,
 
-    /// How many partitions the Redis queue is spread over (as its apps open it).
+    /// How many partitions the Redis queue is spread over (as its apps open it). Needed only
+    /// by commands that change the queue: stats, list, get and recurring list read the count
+    /// from the queue (they open it read-only and write nothing to the server).
     #[arg(
         long,
         value_name = "N",
@@ -97,6 +99,10 @@ pub(crate) enum Command {
     Get {
         /// The task's id.
         id: String,
+        /// Show the payload too: as text if it is UTF-8 (control characters escaped), else
+        /// in hex; with --json as `payload.base64` (always) and `payload.text` (UTF-8 only).
+        #[arg(long)]
+        payload: bool,
     },
     /// Schedule a task (an existing pending or dead task of that id is replaced).
     Schedule(Schedule),
@@ -194,6 +200,20 @@ pub(crate) struct When {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RecurringCommand {
+    /// A page of recurring schedules, in order of their next due time: kind (every period or
+    /// cron expression), next occurrence, catch-up rule, payload length. Schedules are kept
+    /// among the pending tasks, so this looks through the pending list, 1000 entries per
+    /// call to the store, at most 100 calls per page: on a larger backlog a page may be
+    /// short and still print a next cursor.
+    List {
+        /// At most this many (at most 1000).
+        #[arg(long, short = 'n', value_name = "N", default_value_t = 20)]
+        #[arg(value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: u16,
+        /// Where to start: the cursor a previous page printed.
+        #[arg(long, value_name = "CURSOR")]
+        cursor: Option<String>,
+    },
     /// Remove a recurring schedule (occurrences already made stay: cancel them as tasks).
     Cancel {
         /// The schedule's id.

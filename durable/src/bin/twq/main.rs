@@ -7,11 +7,14 @@
 //! ```
 //!
 //! Tables for people, `--json` for scripts (one document per command). Exit status: 0 done;
-//! 1 the task named is not there, or not in a state the command can act on; 2 an error, with
-//! one line on standard error. A password in a Redis URL is never printed. Built only on the
-//! public API of `tokio_wheel_durable`.
+//! 1 the task named (or the Redis queue named) is not there, or not in a state the command
+//! can act on; 2 an error, with one line on standard error. A password in a Redis URL is
+//! never printed. Commands that only look (stats, list, get, recurring list) open a Redis
+//! queue read-only and write nothing to the server. Built only on the public API of
+//! `tokio_wheel_durable`.
 
 mod args;
+mod detail;
 mod show;
 mod units;
 
@@ -179,7 +182,19 @@ async fn run(cli: &Cli) -> Result<Output, Failure> {
 }
 
 async fn open(cli: &Cli, wheel: &Wheel) -> Result<DurableQueue, Failure> {
-    let builder = DurableQueue::builder().partitions(cli.partitions);
+    // Commands that only look open a Redis queue read-only: nothing is written to the
+    // server (not even the partition count a handle records), and a queue that is not there
+    // is reported as such rather than shown empty.
+    let looks = matches!(
+        cli.command,
+        Command::Stats
+            | Command::List(_)
+            | Command::Get { .. }
+            | Command::Recurring(RecurringCommand::List { .. })
+    );
+    let builder = DurableQueue::builder()
+        .partitions(cli.partitions)
+        .read_only(looks);
     let name = cli.queue.as_deref().unwrap_or_default();
     if let Some(url) = &cli.redis {
         return builder
@@ -223,6 +238,14 @@ async fn within<T>(
 }
 
 fn store_error(error: Error, target: &str) -> Failure {
+    if let Error::NoQueue(_) = &error {
+        // Exit 1: the queue named is not there (a misspelt --queue?).
+        let message = error.to_string();
+        return Failure::NotFound(
+            message.clone(),
+            json!({"found": false, "queue": target, "message": message}),
+        );
+    }
     Failure::Error(match error {
         Error::Locked => format!(
             "{target} is locked by another process (an app holds it open): stop that app, or \
@@ -301,16 +324,32 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
                 }),
             })
         }
-        Command::Get { id } => {
+        Command::Get { id, payload } => {
             let id = TaskId::from(id.as_str());
             let info = call!(queue.get(&id));
-            match info {
-                Some(info) => Ok(Output {
-                    human: task_block(&info, now),
-                    json: task_json(&info),
-                }),
-                None => Err(not_found(&id, None, "", "")),
+            let Some(info) = info else {
+                return Err(not_found(&id, None, "", ""));
+            };
+            let mut output = Output {
+                human: task_block(&info, now),
+                json: task_json(&info),
+            };
+            if *payload {
+                // Read after the record: a task finished in between has none any more.
+                match call!(queue.payload(&id)) {
+                    Some(bytes) => {
+                        output.human.push_str(&detail::payload_human(&bytes));
+                        output.json["payload"] = detail::payload_json(&bytes);
+                    }
+                    None => {
+                        output
+                            .human
+                            .push_str("payload: gone (the task was finished meanwhile)\n");
+                        output.json["payload"] = Value::Null;
+                    }
+                }
             }
+            Ok(output)
         }
         Command::Schedule(schedule) => {
             let payload = match (&schedule.payload, &schedule.payload_file) {
@@ -429,6 +468,9 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
                 json: json!({"purged": purged, "older_than_ms": u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX)}),
             })
         }
+        Command::Recurring(RecurringCommand::List { limit, cursor }) => {
+            recurring_list(cli, queue, target, usize::from(*limit), cursor.as_deref()).await
+        }
         Command::Recurring(RecurringCommand::Cancel { id }) => {
             let id = TaskId::from(id.as_str());
             let done = call!(queue.cancel_recurring(&id));
@@ -458,6 +500,69 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
             ))
         }
     }
+}
+
+/// Most calls (each through at most 1000 pending entries) one `recurring list` makes.
+const RECURRING_CALLS: usize = 100;
+
+/// `recurring list`: pages of the library's `recurring_page` until `limit` schedules, the
+/// end, or [`RECURRING_CALLS`] calls.
+async fn recurring_list(
+    cli: &Cli,
+    queue: &DurableQueue,
+    target: &str,
+    limit: usize,
+    given: Option<&str>,
+) -> Result<Output, Failure> {
+    let mut cursor = match given {
+        Some(text) => Some(text.parse::<Cursor>().map_err(|_| {
+            Failure::Error(format!(
+                "--cursor: {} is not a cursor (pass the one a previous page printed)",
+                clean(text)
+            ))
+        })?),
+        None => None,
+    };
+    let mut items = Vec::new();
+    for _ in 0..RECURRING_CALLS {
+        let page = within(cli.timeout, target, async {
+            match queue
+                .recurring_page(cursor.as_ref(), limit - items.len())
+                .await
+            {
+                Err(Error::Invalid(why)) => Err(Failure::Error(format!("--cursor: {why}"))),
+                result => result.map_err(|e| store_error(e, target)),
+            }
+        })
+        .await?;
+        items.extend(page.items);
+        cursor = page.next;
+        if cursor.is_none() || items.len() == limit {
+            break;
+        }
+    }
+    let next = cursor.map(|cursor| cursor.to_string());
+    let mut human = if items.is_empty() {
+        format!(
+            "no recurring schedules{}\n",
+            match given {
+                Some(cursor) => format!(" after {}", clean(cursor)),
+                None => String::new(),
+            }
+        )
+    } else {
+        detail::recurring_table(&items, SystemTime::now())
+    };
+    if let Some(next) = &next {
+        human.push_str(&format!("next page: --cursor {}\n", shell_word(next)));
+    }
+    Ok(Output {
+        human,
+        json: json!({
+            "recurring": items.iter().map(detail::recurring_json).collect::<Vec<_>>(),
+            "next_cursor": next,
+        }),
+    })
 }
 
 /// Exit 1 for a task that `verb` could not act on, saying why from what `get` found.

@@ -213,6 +213,56 @@ impl StepState<'_> {
         Ok(letters)
     }
 
+    /// One task's payload, or `None` if there is no task of that id.
+    pub(super) fn payload(
+        &mut self,
+        tasks: &mut Tasks<'_>,
+        id: &str,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        if tasks.get(id)?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(tasks.payload(id)?.unwrap_or_default()))
+    }
+
+    /// Up to `limit` recurring schedules among the next [`STEP_LIMIT`] entries of the
+    /// pending index after `cursor`: a schedule is pending at its next due time, among the
+    /// tasks, so this looks through them (one bounded range per call). `next` is the position
+    /// of the last entry looked at, `None` once the index ended.
+    pub(super) fn recurring_page(
+        &mut self,
+        tasks: &mut Tasks<'_>,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<RecurringPage, Error> {
+        let entries =
+            tasks.ordered(Table::Pending, cursor.map(|c| (c.first, c.seq)), STEP_LIMIT)?;
+        let ended = entries.len() < STEP_LIMIT;
+        let mut items = Vec::new();
+        let mut last = None;
+        for (first, seq, id) in entries {
+            if items.len() == limit {
+                break;
+            }
+            let record = tasks.get(&id)?.ok_or_else(|| missing(&id))?;
+            if record.state == State::Recurring {
+                items.push(Spec::decode(&record.reason)?.info(&id, record.payload_len));
+            }
+            last = Some((first, seq, id));
+        }
+        let stopped_early = items.len() == limit && last.is_some();
+        let next = (stopped_early || !ended)
+            .then_some(last)
+            .flatten()
+            .map(|(first, seq, id)| Cursor {
+                filter: TaskFilter::Pending,
+                first,
+                seq,
+                id,
+            });
+        Ok(RecurringPage { items, next })
+    }
+
     pub(super) fn stats(&mut self, tasks: &mut Tasks<'_>) -> Result<QueueStats, Error> {
         let mut samples = self.lateness.samples();
         let c = *self.counters;

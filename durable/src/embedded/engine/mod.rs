@@ -41,7 +41,7 @@ use crate::protocol::{
 use crate::recurring::{Spec, occurrence_id};
 use crate::store::{Store, Table};
 use crate::tasks::{Counters, FORMAT, Record, State, Tasks};
-use crate::{Cursor, DeadLetter, Delivery, Error, Page, Recurring, Task, TaskId};
+use crate::{Cursor, DeadLetter, Delivery, Error, Page, Recurring, RecurringPage, Task, TaskId};
 use tokio_wheel::Wheel;
 
 mod claims;

@@ -125,6 +125,8 @@ pub(super) fn fail(request: Request, error: &Error) {
         | Request::Fail(_, _, _, reply)
         | Request::Extend(_, _, reply) => send(reply, error),
         Request::Get(_, reply) => send(reply, error),
+        Request::Payload(_, reply) => send(reply, error),
+        Request::RecurringPage(_, _, reply) => send(reply, error),
         Request::List(_, _, _, reply) => send(reply, error),
         Request::ListPage(_, _, _, reply) => send(reply, error),
         Request::Stats(reply) => send(reply, error),
@@ -203,6 +205,14 @@ impl StepState<'_> {
             }
             Request::Get(id, reply) => {
                 let result = self.get(tasks, &id);
+                settle(answers, reply, result)
+            }
+            Request::Payload(id, reply) => {
+                let result = self.payload(tasks, &id);
+                settle(answers, reply, result)
+            }
+            Request::RecurringPage(cursor, limit, reply) => {
+                let result = self.recurring_page(tasks, cursor.as_ref(), limit);
                 settle(answers, reply, result)
             }
             Request::List(filter, after, limit, reply) => {
