@@ -78,7 +78,7 @@ pub struct TaskInfo {
 ///
 /// `delivered == acked + retried + dead_lettered + expired + returned + in_flight`
 ///
-/// (on a Redis queue with several [`partitions`](super::Builder::partitions), each read is a
+/// (on a Redis queue with several `partitions` (`Builder::partitions`, feature `redis`), each read is a
 /// consistent snapshot of one partition; the sum holds exactly while nothing moves).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -243,7 +243,7 @@ impl DurableQueue {
     /// next page starts right after that position, so no task that stayed in place is
     /// skipped or listed twice. Tasks that move meanwhile are listed where each page finds
     /// them (once, twice or not at all), as in any live list. On a Redis queue with
-    /// [`partitions`](crate::Builder::partitions) the list goes one partition after another,
+    /// `partitions` (`Builder::partitions`, feature `redis`) the list goes one partition after another,
     /// in order within each.
     ///
     /// Each page is one bounded read (Redis: a binary search for the position among the
