@@ -65,6 +65,7 @@
 //! | `engine.rs` | the claiming loop: claim rounds, prefetch buffers and their leases, renewals, retention |
 //! | `wake.rs` | the wake channel listener |
 
+mod batch;
 mod calls;
 mod connection;
 mod engine;
@@ -150,6 +151,7 @@ pub(crate) async fn start(
             .map(|tag| Keys::new(tag))
             .collect(),
         scripts: Scripts::load(),
+        batchers: batch::Batchers::new(target.partitions),
         link,
         settings,
         replicas: target.replicas,

@@ -1,0 +1,187 @@
+//! Writes gathered into shared script invocations: every `schedule` and every finish (`ack`,
+//! `retry`, `fail`) of one partition goes through one flusher task, which sends whatever
+//! calls are waiting as one `schedule.lua` or `finish.lua` invocation, answers each call from
+//! its own entry of the reply, and then takes the calls that queued meanwhile. A call made
+//! while nothing else is waiting goes out at once (no timer, no added latency); under load,
+//! 16 producers or 64 acking deliveries share one round trip and one script.
+//!
+//! Each entry keeps its own call id, so a batch retried after a lost reply is recognised
+//! entry by entry, exactly as a call of its own would be; each call still returns only once
+//! its entry is durable (and, with `replicas(n)`, on n replicas: one `WAIT` per batch).
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::shared::{Shared, redis_args};
+use crate::Error;
+
+/// Most entries (tasks scheduled or deliveries finished) one invocation takes: the bounded
+/// work per script step.
+pub(super) const BATCH: usize = 500;
+/// Most argument bytes (payloads mostly) one invocation carries, at least one entry: a batch
+/// of large payloads does not become one long script that keeps other clients waiting.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Which script a flusher runs.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Kind {
+    Schedule,
+    Finish,
+}
+
+/// One call's entry: its mark key, its arguments, and where its answer goes.
+pub(super) struct Entry {
+    pub(super) mark: String,
+    pub(super) args: Vec<Vec<u8>>,
+    pub(super) reply: oneshot::Sender<Result<String, Error>>,
+}
+
+impl Entry {
+    fn bytes(&self) -> usize {
+        self.args.iter().map(Vec::len).sum::<usize>() + self.mark.len()
+    }
+}
+
+/// Per partition: the sender to its schedule flusher and to its finish flusher, each
+/// started on first use.
+pub(super) struct Batchers {
+    schedule: Vec<OnceLock<mpsc::UnboundedSender<Entry>>>,
+    finish: Vec<OnceLock<mpsc::UnboundedSender<Entry>>>,
+}
+
+impl Batchers {
+    pub(super) fn new(parts: usize) -> Batchers {
+        Batchers {
+            schedule: (0..parts).map(|_| OnceLock::new()).collect(),
+            finish: (0..parts).map(|_| OnceLock::new()).collect(),
+        }
+    }
+}
+
+impl Shared {
+    /// Queues `entry` for partition `part`'s flusher of `kind`; its answer arrives on the
+    /// entry's reply (dropped unanswered, read as [`Error::Closed`], if the queue is gone).
+    pub(super) fn submit(self: &Arc<Self>, kind: Kind, part: usize, entry: Entry) {
+        let slots = match kind {
+            Kind::Schedule => &self.batchers.schedule,
+            Kind::Finish => &self.batchers.finish,
+        };
+        let sender = slots[part].get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            // The flusher holds the queue weakly: it ends when the last handle is gone (and
+            // with it this sender).
+            tokio::spawn(flusher(Arc::downgrade(self), kind, part, receiver));
+            sender
+        });
+        let _ = sender.send(entry);
+    }
+
+    /// One invocation for these entries; the reply has one answer per entry, in order.
+    async fn run_batch(
+        &self,
+        kind: Kind,
+        part: usize,
+        marks: &[String],
+        entries: Vec<Vec<u8>>,
+    ) -> Result<Vec<String>, Error> {
+        let keys = &self.parts[part];
+        let (script, mut key_list, mut args) = match kind {
+            Kind::Schedule => (
+                &self.scripts.schedule,
+                vec![
+                    keys.payload.as_str(),
+                    &keys.meta,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.seq,
+                    &keys.idle,
+                    &keys.inflight,
+                ],
+                redis_args!["tw-schedule", &keys.channel],
+            ),
+            Kind::Finish => (
+                &self.scripts.finish,
+                vec![
+                    keys.payload.as_str(),
+                    &keys.meta,
+                    &keys.inflight,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.idle,
+                    &keys.stats,
+                ],
+                redis_args![
+                    "tw-finish",
+                    &keys.channel,
+                    self.settings.policy.attempts(),
+                    self.mark_window_ms()
+                ],
+            ),
+        };
+        key_list.extend(marks.iter().map(String::as_str));
+        args.extend(entries);
+        self.invoke_write(keys, script, &key_list, args).await
+    }
+}
+
+/// Sends what waits, one bounded batch at a time, until the queue is gone.
+async fn flusher(
+    shared: Weak<Shared>,
+    kind: Kind,
+    part: usize,
+    mut entries: mpsc::UnboundedReceiver<Entry>,
+) {
+    let mut carried: Option<Entry> = None;
+    loop {
+        let first = match carried.take() {
+            Some(entry) => entry,
+            None => match entries.recv().await {
+                Some(entry) => entry,
+                None => return,
+            },
+        };
+        let mut bytes = first.bytes();
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            let Ok(entry) = entries.try_recv() else { break };
+            if bytes + entry.bytes() > BATCH_BYTES {
+                carried = Some(entry);
+                break;
+            }
+            bytes += entry.bytes();
+            batch.push(entry);
+        }
+        let Some(queue) = shared.upgrade() else {
+            return;
+        };
+        let mut marks = Vec::with_capacity(batch.len());
+        let mut args = Vec::new();
+        let mut replies = Vec::with_capacity(batch.len());
+        for entry in batch {
+            marks.push(entry.mark);
+            args.extend(entry.args);
+            replies.push(entry.reply);
+        }
+        let result = queue.run_batch(kind, part, &marks, args).await;
+        drop(queue);
+        match result {
+            Ok(answers) if answers.len() == replies.len() => {
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
+                }
+            }
+            Ok(_) => {
+                let error = Error::Io(format!("unexpected reply from the {kind:?} script"));
+                for reply in replies {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+            Err(error) => {
+                for reply in replies {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
