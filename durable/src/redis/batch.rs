@@ -11,6 +11,8 @@
 
 use std::sync::{Arc, OnceLock, Weak};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
 use super::shared::{Shared, redis_args};
@@ -19,6 +21,10 @@ use crate::Error;
 /// Most entries (tasks scheduled or deliveries finished) one invocation takes: the bounded
 /// work per script step.
 pub(super) const BATCH: usize = 500;
+/// Most invocations of one flusher in flight at once: they pipeline on the connection, so the
+/// server is not left waiting for the next batch to be formed. Concurrent calls carry no
+/// order between them; `schedule_many`, which does, sends its chunks itself, one at a time.
+const IN_FLIGHT: usize = 4;
 /// Most argument bytes (payloads mostly) one invocation carries, at least one entry: a batch
 /// of large payloads does not become one long script that keeps other clients waiting.
 const BATCH_BYTES: usize = 1 << 20;
@@ -77,6 +83,27 @@ impl Shared {
         let _ = sender.send(entry);
     }
 
+    /// Runs `entries` of partition `part` in their order, one bounded chunk after the other
+    /// (`schedule_many`: its order is the order of ties), answering each entry.
+    pub(super) async fn run_in_order(&self, kind: Kind, part: usize, entries: Vec<Entry>) {
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
+            let mut bytes = 0;
+            let (mut marks, mut args, mut replies) = (Vec::new(), Vec::new(), Vec::new());
+            while let Some(entry) = entries.next_if(|entry| {
+                replies.is_empty()
+                    || (replies.len() < BATCH && bytes + entry.bytes() <= BATCH_BYTES)
+            }) {
+                bytes += entry.bytes();
+                marks.push(entry.mark);
+                args.extend(entry.args);
+                replies.push(entry.reply);
+            }
+            let result = self.run_batch(kind, part, &marks, args).await;
+            answer(kind, replies, result);
+        }
+    }
+
     /// One invocation for these entries; the reply has one answer per entry, in order.
     async fn run_batch(
         &self,
@@ -125,7 +152,8 @@ impl Shared {
     }
 }
 
-/// Sends what waits, one bounded batch at a time, until the queue is gone.
+/// Sends what waits in bounded batches, at most [`IN_FLIGHT`] invocations at a time (they
+/// pipeline on the multiplexed connection), until the queue is gone.
 async fn flusher(
     shared: Weak<Shared>,
     kind: Kind,
@@ -133,13 +161,25 @@ async fn flusher(
     mut entries: mpsc::UnboundedReceiver<Entry>,
 ) {
     let mut carried: Option<Entry> = None;
+    let mut running = FuturesUnordered::new();
+    let mut open = true;
     loop {
-        let first = match carried.take() {
-            Some(entry) => entry,
-            None => match entries.recv().await {
-                Some(entry) => entry,
-                None => return,
+        let room = running.len() < IN_FLIGHT;
+        tokio::select! {
+            Some((replies, result)) = running.next(), if !running.is_empty() => answer(kind, replies, result),
+            first = entries.recv(), if room && open && carried.is_none() => match first {
+                Some(entry) => carried = Some(entry),
+                None => open = false,
             },
+            () = std::future::ready(()), if room && carried.is_some() => {}
+            else => return,
+        }
+        let Some(first) = (if running.len() < IN_FLIGHT {
+            carried.take()
+        } else {
+            None
+        }) else {
+            continue;
         };
         let mut bytes = first.bytes();
         let mut batch = vec![first];
@@ -163,24 +203,34 @@ async fn flusher(
             args.extend(entry.args);
             replies.push(entry.reply);
         }
-        let result = queue.run_batch(kind, part, &marks, args).await;
-        drop(queue);
-        match result {
-            Ok(answers) if answers.len() == replies.len() => {
-                for (reply, answer) in replies.into_iter().zip(answers) {
-                    let _ = reply.send(Ok(answer));
-                }
+        running.push(async move {
+            let result = queue.run_batch(kind, part, &marks, args).await;
+            (replies, result)
+        });
+    }
+}
+
+/// Answers each call of a batch from its entry of the reply.
+fn answer(
+    kind: Kind,
+    replies: Vec<oneshot::Sender<Result<String, Error>>>,
+    result: Result<Vec<String>, Error>,
+) {
+    match result {
+        Ok(answers) if answers.len() == replies.len() => {
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(Ok(answer));
             }
-            Ok(_) => {
-                let error = Error::Io(format!("unexpected reply from the {kind:?} script"));
-                for reply in replies {
-                    let _ = reply.send(Err(error.clone()));
-                }
+        }
+        Ok(_) => {
+            let error = Error::Io(format!("unexpected reply from the {kind:?} script"));
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
             }
-            Err(error) => {
-                for reply in replies {
-                    let _ = reply.send(Err(error.clone()));
-                }
+        }
+        Err(error) => {
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
             }
         }
     }

@@ -81,16 +81,23 @@ impl Shared {
         self: &Arc<Self>,
         tasks: Vec<Task>,
     ) -> Vec<Result<TaskId, Error>> {
-        // Every entry is queued before the first answer is awaited: the flushers take them
-        // in bounded batches, in order.
+        // Each partition's entries go out in order, chunk after chunk; partitions at once.
+        let mut by_part: Vec<Vec<Entry>> = (0..self.parts.len()).map(|_| Vec::new()).collect();
         let waiting: Vec<_> = tasks
             .into_iter()
             .map(|task| {
                 let (id, part, entry, answer) = self.schedule_entry(task);
-                self.submit(Kind::Schedule, part, entry);
+                by_part[part].push(entry);
                 (id, answer)
             })
             .collect();
+        futures::future::join_all(
+            by_part
+                .into_iter()
+                .enumerate()
+                .map(|(part, entries)| self.run_in_order(Kind::Schedule, part, entries)),
+        )
+        .await;
         let mut answers = Vec::with_capacity(waiting.len());
         for (id, answer) in waiting {
             answers.push(scheduled(id, answer.await));
