@@ -49,6 +49,8 @@ for line in open(sys.argv[1]):
     peer, metric, value = line.split(maxsplit=2)
     runs[(peer, metric)].append(value.strip())
 def median(values):
+    if not values:
+        return "—"  # a phase only one side has (schedule_many)
     numbers = []
     for v in values:
         try:

@@ -32,22 +32,25 @@
 local out = {}
 local n = (#ARGV - 4) / 6
 local now = nil
+-- Acks are written together after the loop (one ZREM, two HDEL, one HINCRBY for the batch);
+-- an id acked earlier in this batch counts as gone for the entries after it.
+local acked, gone = {}, {}
 for i = 0, n - 1 do
   local a = 5 + i * 6
   local id, tok, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local delay, why, this = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local mark_key = KEYS[8 + i]
   local done = '0'
-  local m = redis.call('HGET', KEYS[2], id)
+  local m = nil
+  if not gone[id] then m = redis.call('HGET', KEYS[2], id) end
   local st, d, seq, att, t, r, call
   if m then st, d, seq, att, t, r, call = parse(m) end
   if m and st == 'i' and t == tok then
-    redis.call('ZREM', KEYS[3], id)
     if outcome == 'ack' then
-      redis.call('HDEL', KEYS[1], id)
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HINCRBY', KEYS[7], 'acked', 1)
+      table.insert(acked, id) -- deleted after the loop
+      gone[id] = true
     elseif outcome == 'retry' and att < tonumber(ARGV[3]) then
+      redis.call('ZREM', KEYS[3], id)
       now = now or now_ms()
       local due = now + tonumber(delay)
       redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
@@ -60,6 +63,7 @@ for i = 0, n - 1 do
         reason = 'retried on its last delivery (' .. fmt(att) .. ' of ' .. fmt(att) .. ')'
       end
       now = now or now_ms()
+      redis.call('ZREM', KEYS[3], id)
       redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason, call))
       redis.call('ZADD', KEYS[5], now, id)
       redis.call('HINCRBY', KEYS[7], 'dead_lettered', 1)
@@ -74,5 +78,11 @@ for i = 0, n - 1 do
     end
   end
   table.insert(out, done)
+end
+if #acked > 0 then
+  redis.call('ZREM', KEYS[3], unpack(acked))
+  redis.call('HDEL', KEYS[1], unpack(acked))
+  redis.call('HDEL', KEYS[2], unpack(acked))
+  redis.call('HINCRBY', KEYS[7], 'acked', #acked)
 end
 return out

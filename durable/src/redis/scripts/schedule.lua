@@ -32,11 +32,31 @@
 local now = now_ms()
 local out = {}
 local n = (#ARGV - 2) / 5
+-- New tasks are written together (one HSET per hash, one ZADD) when the loop ends or before
+-- an id already written in this batch is looked at again; the due set's head is tracked
+-- here, as the writes would move it, and read again after a removal.
+local payloads, records, members, fresh = {}, {}, {}, {}
+local function flush()
+  if #members > 0 then
+    redis.call('HSET', KEYS[1], unpack(payloads))
+    redis.call('HSET', KEYS[2], unpack(records))
+    redis.call('ZADD', KEYS[3], unpack(members))
+    payloads, records, members, fresh = {}, {}, {}, {}
+  end
+end
+local function head_due()
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  return tonumber(head[2])
+end
+local head = head_due()
+-- Sequence numbers for the whole batch at once (unused ones leave gaps: only order counts).
+local seq_next = redis.call('INCRBY', KEYS[5], n) - n
 for i = 0, n - 1 do
   local a = 3 + i * 5
   local id, payload, mode, ms, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local due = tonumber(ms)
   if mode == 'after' then due = now + due end
+  if fresh[id] then flush() end
   local answer = nil
   local m = redis.call('HGET', KEYS[2], id)
   if m then
@@ -46,7 +66,11 @@ for i = 0, n - 1 do
     elseif st == 'i' then
       answer = 'INFLIGHT'
     else
-      if st == 'p' or st == 'r' then redis.call('ZREM', KEYS[3], member(seq, id)) end
+      if st == 'p' or st == 'r' then
+        flush() -- the head is read again below, with this batch's tasks in the set
+        redis.call('ZREM', KEYS[3], member(seq, id))
+        head = head_due()
+      end
       if st == 'd' then redis.call('ZREM', KEYS[4], id) end
       if st == 'R' then redis.call('ZREM', KEYS[7], id) end
     end
@@ -55,13 +79,22 @@ for i = 0, n - 1 do
     if mark and string.match(mark, '|([^|]*)$') == call then answer = 'OK' end
   end
   if answer == nil then
-    local seq = redis.call('INCR', KEYS[5])
-    redis.call('HSET', KEYS[1], id, payload)
-    redis.call('HSET', KEYS[2], id, record('p', due, seq, 0, '0', '', call))
-    announce(KEYS[3], ARGV[2], KEYS[6], due, now)
-    redis.call('ZADD', KEYS[3], due, member(seq, id))
+    seq_next = seq_next + 1
+    -- Only a task earlier than every pending one is announced (see `announce`).
+    if head == nil or due < head then
+      if due <= now then wake_one(KEYS[6]) else redis.call('PUBLISH', ARGV[2], fmt(due)) end
+      head = due
+    end
+    table.insert(payloads, id)
+    table.insert(payloads, payload)
+    table.insert(records, id)
+    table.insert(records, record('p', due, seq_next, 0, '0', '', call))
+    table.insert(members, due)
+    table.insert(members, member(seq_next, id))
+    fresh[id] = true
     answer = 'OK'
   end
   table.insert(out, answer)
 end
+flush()
 return out
