@@ -21,10 +21,6 @@ use crate::Error;
 /// Most entries (tasks scheduled or deliveries finished) one invocation takes: the bounded
 /// work per script step.
 pub(super) const BATCH: usize = 500;
-/// Most invocations of one flusher in flight at once: they pipeline on the connection, so the
-/// server is not left waiting for the next batch to be formed. Concurrent calls carry no
-/// order between them; `schedule_many`, which does, sends its chunks itself, one at a time.
-const IN_FLIGHT: usize = 4;
 /// Most argument bytes (payloads mostly) one invocation carries, at least one entry: a batch
 /// of large payloads does not become one long script that keeps other clients waiting.
 const BATCH_BYTES: usize = 1 << 20;
@@ -34,6 +30,21 @@ const BATCH_BYTES: usize = 1 << 20;
 pub(super) enum Kind {
     Schedule,
     Finish,
+}
+
+impl Kind {
+    /// Most invocations of one flusher in flight at once. Schedules: one, so calls that
+    /// arrive while it runs make the next batch (measured with 16 producers, most invocations
+    /// carried a single task when four could be in flight, and each invocation costs the
+    /// server far more than a task in it). Finishes: four, pipelined on the connection; a
+    /// worker's acks come in bursts of its claims anyway. Concurrent calls carry no order
+    /// between them; `schedule_many`, which does, sends its chunks itself, one at a time.
+    fn in_flight(self) -> usize {
+        match self {
+            Kind::Schedule => 1,
+            Kind::Finish => 4,
+        }
+    }
 }
 
 /// One call's entry: its mark key, its arguments, and where its answer goes.
@@ -152,8 +163,8 @@ impl Shared {
     }
 }
 
-/// Sends what waits in bounded batches, at most [`IN_FLIGHT`] invocations at a time (they
-/// pipeline on the multiplexed connection), until the queue is gone.
+/// Sends what waits in bounded batches, at most [`Kind::in_flight`] invocations at a time
+/// (they pipeline on the multiplexed connection), until the queue is gone.
 async fn flusher(
     shared: Weak<Shared>,
     kind: Kind,
@@ -164,7 +175,8 @@ async fn flusher(
     let mut running = FuturesUnordered::new();
     let mut open = true;
     loop {
-        let room = running.len() < IN_FLIGHT;
+        let in_flight = kind.in_flight();
+        let room = running.len() < in_flight;
         tokio::select! {
             Some((replies, result)) = running.next(), if !running.is_empty() => answer(kind, replies, result),
             first = entries.recv(), if room && open && carried.is_none() => match first {
@@ -174,7 +186,7 @@ async fn flusher(
             () = std::future::ready(()), if room && carried.is_some() => {}
             else => return,
         }
-        let Some(first) = (if running.len() < IN_FLIGHT {
+        let Some(first) = (if running.len() < in_flight {
             carried.take()
         } else {
             None

@@ -35,14 +35,24 @@ local now = nil
 -- Acks are written together after the loop (one ZREM, two HDEL, one HINCRBY for the batch);
 -- an id acked earlier in this batch counts as gone for the entries after it.
 local acked, gone = {}, {}
+-- Every record in one call; an id met again in this batch is read again.
+local ids = {}
+for i = 0, n - 1 do ids[i + 1] = ARGV[5 + i * 6] end
+local metas = redis.call('HMGET', KEYS[2], unpack(ids))
+local met = {}
 for i = 0, n - 1 do
   local a = 5 + i * 6
   local id, tok, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   local delay, why, this = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local mark_key = KEYS[8 + i]
   local done = '0'
-  local m = nil
-  if not gone[id] then m = redis.call('HGET', KEYS[2], id) end
+  local m = metas[i + 1]
+  if gone[id] then
+    m = nil
+  elseif met[id] then
+    m = redis.call('HGET', KEYS[2], id)
+  end
+  met[id] = true
   local st, d, seq, att, t, r, call
   if m then st, d, seq, att, t, r, call = parse(m) end
   if m and st == 'i' and t == tok then

@@ -49,6 +49,11 @@ local function head_due()
   return tonumber(head[2])
 end
 local head = head_due()
+-- Every task's record in one call; an id met again in this batch is read again.
+local ids = {}
+for i = 0, n - 1 do ids[i + 1] = ARGV[3 + i * 5] end
+local metas = redis.call('HMGET', KEYS[2], unpack(ids))
+local met = {}
 -- Sequence numbers for the whole batch at once (unused ones leave gaps: only order counts).
 local seq_next = redis.call('INCRBY', KEYS[5], n) - n
 for i = 0, n - 1 do
@@ -58,7 +63,9 @@ for i = 0, n - 1 do
   if mode == 'after' then due = now + due end
   if fresh[id] then flush() end
   local answer = nil
-  local m = redis.call('HGET', KEYS[2], id)
+  local m = metas[i + 1]
+  if met[id] then m = redis.call('HGET', KEYS[2], id) end
+  met[id] = true
   if m then
     local st, d, seq, att, tok, reason, c = parse(m)
     if c == call then
