@@ -1,0 +1,605 @@
+//! Attacks on `schedule_many` and on coalesced plain `schedule`, from the outside (written
+//! against API.md §4/4a and the rustdoc, not the implementation), on both backends: per-task
+//! answers in order, `InFlight` for one task alone, duplicates (the later replaces), ties in
+//! batch order, batches over a chunk (500 tasks / 1 MiB), batches racing workers, cancels,
+//! `close()` and wheel shutdown, and many concurrent `schedule` calls.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use support::backend::{Backend, Fixture, fixture};
+use tokio_wheel_durable::{DurableQueue, Error, Page, Task, TaskFilter, TaskId, TaskState};
+
+fn full() -> bool {
+    std::env::var_os("TOKIO_WHEEL_FULL").is_some()
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Every pending task, through `list_page` from the start.
+async fn all_pending(queue: &DurableQueue) -> Vec<TaskId> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page: Page = queue
+            .list_page(TaskFilter::Pending, cursor.as_ref(), 1000)
+            .await
+            .unwrap();
+        out.extend(page.items.into_iter().map(|t| t.id));
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => return out,
+        }
+    }
+}
+
+/// `delivered == acked + retried + dead_lettered + expired + returned + in_flight` and the
+/// levels agree with `len()`.
+async fn stats_add_up(queue: &DurableQueue) {
+    let s = queue.stats().await.unwrap();
+    assert_eq!(
+        s.delivered,
+        s.acked + s.retried + s.dead_lettered + s.expired + s.returned + s.in_flight,
+        "{s:?}"
+    );
+    assert_eq!(
+        s.pending + s.in_flight,
+        queue.len().await.unwrap() as u64,
+        "{s:?}"
+    );
+}
+
+/// Reopens the same queue on a fresh handle (the embedded store after the old handle closed).
+async fn reopen(fx: &Fixture, old: DurableQueue) -> DurableQueue {
+    old.close().await;
+    drop(old);
+    fx.open().await
+}
+
+macro_rules! on_both {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::Backend::Embedded).await;
+                }
+            )*
+        }
+        #[cfg(feature = "redis")]
+        mod on_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::Backend::Redis).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    answers_in_order_and_in_flight_fails_alone,
+    duplicate_ids_in_one_batch_the_later_replaces,
+    ties_in_due_time_go_in_batch_order,
+    a_reserved_id_refuses_the_whole_batch_and_stores_nothing,
+    empty_batch_and_closed_queue,
+    batches_over_a_chunk_keep_every_payload_exactly,
+    a_batch_racing_workers_delivers_each_once_never_early,
+    a_batch_racing_cancel_and_reschedule_stays_consistent,
+    a_batch_racing_close_keeps_every_ok_answer,
+    concurrent_schedules_keep_their_own_errors_and_order,
+);
+
+async fn answers_in_order_and_in_flight_fails_alone(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    queue
+        .schedule(Task::new(b"held".to_vec()).id("b"))
+        .await
+        .unwrap();
+    let mut stream = queue.deliveries();
+    let held = stream.next().await.unwrap();
+    assert_eq!(held.id().as_str(), "b");
+    let later = SystemTime::now() + Duration::from_secs(3600);
+    let answers = queue
+        .schedule_many(vec![
+            Task::new(b"a".to_vec()).id("a").at(later),
+            Task::new(b"b2".to_vec()).id("b").at(later),
+            Task::new(b"c".to_vec()).id("c").at(later),
+            Task::new(b"anon".to_vec()).at(later),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 4);
+    assert_eq!(answers[0].as_ref().unwrap().as_str(), "a");
+    assert!(matches!(answers[1], Err(Error::InFlight)), "{answers:?}");
+    assert_eq!(answers[2].as_ref().unwrap().as_str(), "c");
+    let anon = answers[3].as_ref().unwrap().clone();
+    assert!(!["a", "b", "c"].contains(&anon.as_str()));
+    // The in-flight task is untouched: its payload, its state, its lease.
+    assert_eq!(queue.payload(&"b".into()).await.unwrap().unwrap(), b"held");
+    assert!(matches!(
+        queue.get(&"b".into()).await.unwrap().unwrap().state,
+        TaskState::InFlight { .. }
+    ));
+    assert_eq!(queue.payload(&anon).await.unwrap().unwrap(), b"anon");
+    assert_eq!(queue.len().await.unwrap(), 4);
+    held.ack().await.unwrap();
+    assert_eq!(queue.get(&"b".into()).await.unwrap(), None);
+    assert_eq!(queue.len().await.unwrap(), 3);
+    drop(stream);
+    stats_add_up(&queue).await;
+}
+
+async fn duplicate_ids_in_one_batch_the_later_replaces(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    let now = SystemTime::now();
+    let t1 = now + Duration::from_secs(3600);
+    let t2 = now + Duration::from_secs(7200);
+    let past = now - Duration::from_secs(5);
+    let answers = queue
+        .schedule_many(vec![
+            Task::new(b"first".to_vec()).id("x").at(t1),
+            Task::new(b"y".to_vec()).id("y").at(t1),
+            Task::new(b"second".to_vec()).id("x").at(t2),
+            // The same id three times, the last due at once: delivered once, as the last.
+            Task::new(b"z1".to_vec()).id("z").at(t2),
+            Task::new(b"z2".to_vec()).id("z").at(t1),
+            Task::new(b"z3".to_vec()).id("z").at(past),
+        ])
+        .await
+        .unwrap();
+    let ids: Vec<_> = answers.into_iter().map(|a| a.unwrap()).collect();
+    assert_eq!(
+        ids.iter().map(|i| i.as_str()).collect::<Vec<_>>(),
+        ["x", "y", "x", "z", "z", "z"]
+    );
+    assert_eq!(queue.len().await.unwrap(), 3);
+    let x = queue.get(&"x".into()).await.unwrap().unwrap();
+    assert_eq!(ms(x.due), ms(t2));
+    assert_eq!(
+        queue.payload(&"x".into()).await.unwrap().unwrap(),
+        b"second"
+    );
+    assert_eq!(all_pending(&queue).await.len(), 3);
+    let mut stream = queue.deliveries();
+    let d = stream.next().await.unwrap();
+    assert_eq!((d.id().as_str(), d.payload()), ("z", &b"z3"[..]));
+    assert_eq!(ms(d.due()), ms(past));
+    d.ack().await.unwrap();
+    // Nothing else is due: the replaced z1/z2 must not come back.
+    let more = tokio::time::timeout(Duration::from_millis(300), stream.next()).await;
+    assert!(more.is_err(), "a replaced copy was delivered: {more:?}");
+    assert_eq!(queue.len().await.unwrap(), 2);
+    drop(stream);
+    stats_add_up(&queue).await;
+}
+
+async fn ties_in_due_time_go_in_batch_order(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    let due = SystemTime::now() - Duration::from_secs(1);
+    // Ids in an order that is neither sorted nor reverse sorted, across two chunks (> 500).
+    let n = 700;
+    let ids: Vec<String> = (0..n).map(|i| format!("t{:04}", (i * 37) % n)).collect();
+    let answers = queue
+        .schedule_many(
+            ids.iter()
+                .map(|id| Task::new(id.clone().into_bytes()).id(id.as_str()).at(due)),
+        )
+        .await
+        .unwrap();
+    assert!(answers.iter().all(|a| a.is_ok()));
+    let listed: Vec<String> = all_pending(&queue)
+        .await
+        .into_iter()
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(listed, ids, "list order is not batch order");
+    let mut stream = queue.deliveries();
+    let mut delivered = Vec::new();
+    while delivered.len() < n {
+        let d = stream.next().await.unwrap();
+        assert_eq!(d.payload(), d.id().as_str().as_bytes());
+        delivered.push(d.id().to_string());
+        d.ack().await.unwrap();
+    }
+    assert_eq!(delivered, ids, "delivery order is not batch order");
+}
+
+async fn a_reserved_id_refuses_the_whole_batch_and_stores_nothing(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    let err = queue
+        .schedule_many(vec![
+            Task::new(b"ok".to_vec()).id("fine"),
+            Task::new(b"bad".to_vec()).id("report@1767225600000"),
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Invalid(_)), "{err:?}");
+    assert_eq!(queue.len().await.unwrap(), 0);
+    assert_eq!(queue.get(&"fine".into()).await.unwrap(), None);
+    // A look-alike that is not the reserved form is fine.
+    let answers = queue
+        .schedule_many(vec![
+            Task::new(b"".to_vec()).id("mail@example.com"),
+            Task::new(b"".to_vec()).id("x@"),
+            Task::new(b"".to_vec()).id("@12a"),
+        ])
+        .await
+        .unwrap();
+    assert!(answers.iter().all(|a| a.is_ok()), "{answers:?}");
+    assert_eq!(queue.len().await.unwrap(), 3);
+}
+
+async fn empty_batch_and_closed_queue(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    assert!(queue.schedule_many(Vec::new()).await.unwrap().is_empty());
+    queue.close().await;
+    let err = queue
+        .schedule_many(vec![Task::new(b"late".to_vec()).id("late")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Closed), "{err:?}");
+    drop(queue);
+    let queue = fx.open().await;
+    assert_eq!(queue.len().await.unwrap(), 0);
+}
+
+async fn batches_over_a_chunk_keep_every_payload_exactly(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    let later = SystemTime::now() + Duration::from_secs(3600);
+    // 501 tasks: one over the 500-task chunk, payloads empty, small, and one of 2 MiB in the
+    // middle (over the 1 MiB chunk budget on its own), then 5 KiB ones (3 MiB together).
+    let mut rng = support::Rng(0x9e37_79b9_7f4a_7c15);
+    let mut expect: Vec<(String, Vec<u8>)> = Vec::new();
+    for i in 0..501usize {
+        let payload: Vec<u8> = match i {
+            0 | 1 | 499 | 500 => Vec::new(),
+            250 => (0..2 * 1024 * 1024).map(|_| rng.below(256) as u8).collect(),
+            i if i % 3 == 0 => (0..5 * 1024).map(|_| rng.below(256) as u8).collect(),
+            i => format!("small {i}").into_bytes(),
+        };
+        expect.push((format!("big-{i}"), payload));
+    }
+    let answers = queue
+        .schedule_many(
+            expect
+                .iter()
+                .map(|(id, p)| Task::new(p.clone()).id(id.as_str()).at(later)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 501);
+    for (a, (id, _)) in answers.iter().zip(&expect) {
+        assert_eq!(a.as_ref().unwrap().as_str(), id);
+    }
+    assert_eq!(queue.len().await.unwrap(), 501);
+    for (id, p) in &expect {
+        let got = queue.payload(&id.as_str().into()).await.unwrap();
+        assert_eq!(got.as_deref(), Some(&p[..]), "payload of {id}");
+        let info = queue.get(&id.as_str().into()).await.unwrap().unwrap();
+        assert_eq!(info.payload_len, p.len(), "{id}");
+    }
+    // The big ones again, due at once, and delivered with exactly their bytes.
+    let now = SystemTime::now() - Duration::from_millis(1);
+    let n = if full() { 10_000 } else { 2_000 };
+    let answers = queue
+        .schedule_many((0..n).map(|i| {
+            let p = if i % 2 == 0 {
+                Vec::new()
+            } else {
+                format!("n{i}").into_bytes()
+            };
+            Task::new(p).id(format!("n{i}")).at(now)
+        }))
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), n);
+    assert!(answers.iter().all(|a| a.is_ok()));
+    assert_eq!(queue.len().await.unwrap(), 501 + n);
+    let mut stream = queue.deliveries();
+    let mut seen = HashSet::new();
+    while seen.len() < n {
+        let d = stream.next().await.unwrap();
+        let i: usize = d.id().as_str()[1..].parse().unwrap();
+        let want = if i % 2 == 0 {
+            Vec::new()
+        } else {
+            format!("n{i}").into_bytes()
+        };
+        assert_eq!(d.payload(), &want[..], "{}", d.id());
+        assert!(seen.insert(i), "{} twice", d.id());
+        d.ack().await.unwrap();
+    }
+    drop(stream);
+    assert_eq!(queue.len().await.unwrap(), 501);
+    stats_add_up(&queue).await;
+}
+
+async fn a_batch_racing_workers_delivers_each_once_never_early(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx
+        .open_named(
+            DurableQueue::builder()
+                .lease(Duration::from_secs(30))
+                .prefetch(8),
+            "queue",
+        )
+        .await;
+    let n_batches = if full() { 40 } else { 8 };
+    let per = 150;
+    let total = n_batches * per;
+    // (id, attempt) -> times seen; id -> scheduled due ms.
+    let seen: Arc<Mutex<HashMap<(String, u32), u32>>> = Arc::default();
+    let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let early: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut workers = Vec::new();
+    for w in 0..3 {
+        let mut stream = queue.deliveries();
+        let (seen, acked, early) = (seen.clone(), acked.clone(), early.clone());
+        workers.push(tokio::spawn(async move {
+            while let Some(d) = stream.next().await {
+                // The store's clock is this machine's (a local server): hand-out never precedes due.
+                if SystemTime::now() < d.due() {
+                    early
+                        .lock()
+                        .unwrap()
+                        .push(format!("{} {:?}", d.id(), d.due()));
+                }
+                let key = (d.id().to_string(), d.attempt());
+                *seen.lock().unwrap().entry(key).or_default() += 1;
+                let i: usize = d.id().as_str()[2..].parse().unwrap();
+                if d.attempt() == 1 && (i + w) % 5 == 0 {
+                    d.retry_after(Duration::from_millis(20)).await.unwrap();
+                } else {
+                    d.ack().await.unwrap();
+                    acked.lock().unwrap().insert(d.id().to_string());
+                }
+            }
+        }));
+    }
+    let mut dues = HashMap::new();
+    for b in 0..n_batches {
+        let base = SystemTime::now();
+        let tasks: Vec<Task> = (0..per)
+            .map(|k| {
+                let i = b * per + k;
+                let due = base + Duration::from_millis((k as u64 * 7) % 200);
+                dues.insert(format!("w-{i}"), ms(due));
+                Task::new(format!("{i}").into_bytes())
+                    .id(format!("w-{i}"))
+                    .at(due)
+            })
+            .collect();
+        for a in queue.schedule_many(tasks).await.unwrap() {
+            a.unwrap();
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while acked.lock().unwrap().len() < total {
+        assert!(tokio::time::Instant::now() < deadline, "not all acked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    queue.close().await;
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert!(
+        early.lock().unwrap().is_empty(),
+        "{:?}",
+        early.lock().unwrap()
+    );
+    let seen = seen.lock().unwrap();
+    for ((id, attempt), count) in seen.iter() {
+        assert_eq!(*count, 1, "{id} attempt {attempt} delivered {count} times");
+    }
+    let firsts = seen.keys().filter(|(_, a)| *a == 1).count();
+    assert_eq!(firsts, total);
+    assert!(seen.keys().all(|(_, a)| *a <= 2));
+    drop(seen);
+    let queue = fx.open().await;
+    assert_eq!(queue.len().await.unwrap(), 0);
+    stats_add_up(&queue).await;
+    let _ = dues;
+}
+
+async fn a_batch_racing_cancel_and_reschedule_stays_consistent(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    let far = SystemTime::now() + Duration::from_secs(86_400);
+    let n = 600;
+    let ids: Vec<TaskId> = (0..n).map(|i| TaskId::from(format!("r{i}"))).collect();
+    for a in queue
+        .schedule_many(
+            ids.iter()
+                .map(|id| Task::new(b"v1".to_vec()).id(id.as_str()).at(far)),
+        )
+        .await
+        .unwrap()
+    {
+        a.unwrap();
+    }
+    let batch = {
+        let queue = queue.clone();
+        let ids = ids.clone();
+        tokio::spawn(async move {
+            queue
+                .schedule_many(ids.iter().map(|id| {
+                    Task::new(b"v2".to_vec())
+                        .id(id.as_str())
+                        .at(far + Duration::from_secs(60))
+                }))
+                .await
+                .unwrap()
+        })
+    };
+    let racer = {
+        let queue = queue.clone();
+        let ids = ids.clone();
+        tokio::spawn(async move {
+            let mut cancelled = Vec::new();
+            for (i, id) in ids.iter().enumerate().rev() {
+                if i % 2 == 0 {
+                    cancelled.push((id.clone(), queue.cancel(id).await.unwrap()));
+                } else {
+                    queue
+                        .reschedule(id, far + Duration::from_secs(120))
+                        .await
+                        .unwrap();
+                }
+            }
+            cancelled
+        })
+    };
+    let answers = batch.await.unwrap();
+    let cancelled = racer.await.unwrap();
+    assert!(answers.iter().all(|a| a.is_ok()), "{answers:?}");
+    // Whatever the interleaving, each id is either gone (cancelled after the batch) or there
+    // with a coherent record: get, payload and the list agree, and len counts them.
+    let mut present = 0;
+    for id in &ids {
+        let info = queue.get(id).await.unwrap();
+        let payload = queue.payload(id).await.unwrap();
+        assert_eq!(info.is_some(), payload.is_some(), "{id}");
+        if let (Some(info), Some(p)) = (info, payload) {
+            present += 1;
+            assert_eq!(info.payload_len, p.len());
+            assert!(p == b"v1" || p == b"v2", "{id}: {p:?}");
+        }
+    }
+    // A cancel that said true removed a live task; an id the batch re-made after it is back.
+    for (id, said) in &cancelled {
+        if !said {
+            // Cancel can only fail if the id was missing: never here (always pending).
+            panic!("cancel of always-pending {id} said false");
+        }
+    }
+    assert_eq!(queue.len().await.unwrap(), present);
+    assert_eq!(all_pending(&queue).await.len(), present);
+    let queue = reopen(&fx, queue).await;
+    assert_eq!(queue.len().await.unwrap(), present);
+}
+
+async fn a_batch_racing_close_keeps_every_ok_answer(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    let far = SystemTime::now() + Duration::from_secs(86_400);
+    let n = if full() { 20_000 } else { 3_000 };
+    let batch = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            queue
+                .schedule_many(
+                    (0..n).map(|i| Task::new(vec![b'x'; 100]).id(format!("c{i}")).at(far)),
+                )
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    queue.close().await;
+    let answers = batch.await.unwrap();
+    drop(queue);
+    let queue = fx.open().await;
+    match answers {
+        Err(e) => assert!(matches!(e, Error::Closed), "{e:?}"),
+        Ok(answers) => {
+            assert_eq!(answers.len(), n);
+            let mut ok = 0;
+            for (i, a) in answers.iter().enumerate() {
+                if a.is_ok() {
+                    ok += 1;
+                    assert!(
+                        queue.get(&format!("c{i}").into()).await.unwrap().is_some(),
+                        "c{i} answered Ok but is not in the store"
+                    );
+                }
+            }
+            assert!(queue.len().await.unwrap() >= ok);
+        }
+    }
+}
+
+async fn concurrent_schedules_keep_their_own_errors_and_order(backend: Backend) {
+    let Some(fx) = fixture(backend) else { return };
+    let queue = fx.open().await;
+    // Two tasks in flight: schedules of their ids must fail alone.
+    queue
+        .schedule(Task::new(b"h1".to_vec()).id("held-1"))
+        .await
+        .unwrap();
+    queue
+        .schedule(Task::new(b"h2".to_vec()).id("held-2"))
+        .await
+        .unwrap();
+    let mut stream = queue.deliveries();
+    let h1 = stream.next().await.unwrap();
+    let h2 = stream.next().await.unwrap();
+    let tie = SystemTime::now() + Duration::from_secs(3600);
+    let n = if full() { 2_000 } else { 300 };
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let queue = queue.clone();
+        calls.push(tokio::spawn(async move {
+            let id = match i % 50 {
+                7 => "held-1".to_string(),
+                8 => "held-2".to_string(),
+                _ => format!("c{i}"),
+            };
+            let r = queue
+                .schedule(Task::new(id.clone().into_bytes()).id(id.as_str()).at(tie))
+                .await;
+            (id, r)
+        }));
+    }
+    // Meanwhile one caller schedules in sequence at the same due time: its order must hold.
+    let ordered: Vec<String> = (0..40)
+        .map(|i| format!("seq-{:02}", (i * 13) % 40))
+        .collect();
+    for id in &ordered {
+        queue
+            .schedule(Task::new(b"s".to_vec()).id(id.as_str()).at(tie))
+            .await
+            .unwrap();
+    }
+    let mut ok = 0;
+    for call in calls {
+        let (id, r) = call.await.unwrap();
+        if id.starts_with("held-") {
+            assert!(matches!(r, Err(Error::InFlight)), "{id}: {r:?}");
+        } else {
+            assert_eq!(r.unwrap().as_str(), id);
+            ok += 1;
+        }
+    }
+    assert_eq!(
+        queue.payload(&"held-1".into()).await.unwrap().unwrap(),
+        b"h1"
+    );
+    let listed: Vec<String> = all_pending(&queue)
+        .await
+        .into_iter()
+        .map(|i| i.to_string())
+        .filter(|i| i.starts_with("seq-"))
+        .collect();
+    assert_eq!(listed, ordered);
+    h1.ack().await.unwrap();
+    h2.ack().await.unwrap();
+    drop(stream);
+    assert_eq!(queue.len().await.unwrap(), ok + ordered.len());
+    stats_add_up(&queue).await;
+    // Each Ok was durable: a fresh handle sees them all.
+    let queue = reopen(&fx, queue).await;
+    assert_eq!(queue.len().await.unwrap(), ok + ordered.len());
+}
