@@ -59,7 +59,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -85,6 +85,7 @@ where
     // One shard: commands from every handle apply in the order they were made.
     let inbox = Arc::new(Inbox::new(1));
     let ledger = Arc::new(Ledger::default());
+    let timers = Arc::new(AtomicUsize::new(1));
     // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
     let hasher = foldhash::fast::RandomState::default();
     let (expired_sender, expired) = mpsc::unbounded_channel();
@@ -98,6 +99,7 @@ where
             expired_sender,
             hasher.clone(),
             ledger.clone(),
+            timers.clone(),
         );
         Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
     }
@@ -108,6 +110,7 @@ where
                 inbox,
                 ledger,
                 hasher,
+                timers,
             }),
         },
         Expirations {
@@ -135,6 +138,10 @@ struct Set<K, V> {
     inbox: Arc<Inbox<KeyedCommand<K, V>>>,
     ledger: Arc<Ledger>,
     hasher: foldhash::fast::RandomState,
+    /// How many [`Timers`] clones are alive (shared with the actor). A `KeyedTimer` can only
+    /// act on its own entry, so once this is zero and nothing is filed, the actor stops and
+    /// the stream ends, whatever handles still live (all stale by then).
+    timers: Arc<AtomicUsize>,
 }
 
 impl<K, V> Drop for Set<K, V> {
@@ -182,8 +189,18 @@ fn by(offset: i64) -> Urgency {
 
 impl<K, V> Clone for Timers<K, V> {
     fn clone(&self) -> Self {
+        self.set.timers.fetch_add(1, Ordering::Relaxed);
         Timers {
             set: self.set.clone(),
+        }
+    }
+}
+
+impl<K, V> Drop for Timers<K, V> {
+    fn drop(&mut self) {
+        // Release: the actor, seeing zero, then sees every command this clone sent.
+        if self.set.timers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.set.inbox.nudge();
         }
     }
 }

@@ -21,7 +21,7 @@
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -176,6 +176,10 @@ pub(crate) struct KeyedMachine<K, V> {
     /// ledger's stripes).
     hasher: foldhash::fast::RandomState,
     ledger: Arc<Ledger>,
+    /// How many `Timers` clones of the set are alive: once none is, nothing new can be set,
+    /// and the actor stops when nothing is left (live `KeyedTimer`s, all stale by then, do not
+    /// keep the stream open).
+    timers: Arc<AtomicUsize>,
     expirations: mpsc::UnboundedSender<Delivery<K, V>>,
 }
 
@@ -192,6 +196,7 @@ where
         expirations: mpsc::UnboundedSender<Delivery<K, V>>,
         hasher: foldhash::fast::RandomState,
         ledger: Arc<Ledger>,
+        timers: Arc<AtomicUsize>,
     ) -> Self {
         KeyedMachine {
             timeline: Timeline::new(levels, clock),
@@ -201,6 +206,7 @@ where
             reserved: 0,
             hasher,
             ledger,
+            timers,
             expirations,
         }
     }
@@ -465,6 +471,12 @@ where
                     Verdict::Done
                 }
                 Some(deadline) => Verdict::Later(due_at(deadline)),
+                // A command of its handle is in flight: it was queued after this turn took
+                // the inbox, perhaps before the clock read that made the entry due (the
+                // handle then returned before the deadline) — a later move queued behind
+                // another command would lose to the expiry. Look again once the next turn
+                // has taken it: never early, at most a turn late, and only while racing.
+                None if !words.of(id).is_quiet() => Verdict::Later(limit.saturating_add(1)),
                 // The handle may be moving it right now: one compare-and-swap decides.
                 None => match words.of(id).on_due(limit.min(i64::MAX as u64) as i64) {
                     word::Due::Fire(deadline) => {
@@ -517,6 +529,12 @@ where
         self.expirations.is_closed()
     }
 
+    fn cannot_grow(&self) -> bool {
+        // Acquire: every command a `Timers` sent before its drop counted down is then seen by
+        // the actor's next look at its inbox.
+        self.timers.load(Ordering::Acquire) == 0
+    }
+
     fn holds_memory(&self, _shared: &Shared) -> bool {
         self.entries.high > 0
             || self.words.holds_memory()
@@ -547,6 +565,64 @@ mod tests {
         // The deadline's niche makes the free-slot marker cost nothing.
         assert_eq!(size_of::<Option<Entry<u64, u64>>>(), 24);
     }
+
+    /// The interleaving behind the race of a handle's later `reset` with expiry, made
+    /// deterministic: the actor's turn has taken the inbox; the handle, its move held behind a
+    /// command in flight, counts and queues it and returns — before the old deadline; then the
+    /// actor reads the clock (past the old deadline) and fires. The entry must wait for the
+    /// move, not fire at the old deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_handle_move_is_never_lost_to_the_expiry_it_races() {
+        let ms = |n: i64| n * 1_000_000;
+        let tick = std::time::Duration::from_millis(1);
+        let levels = crate::Layout::clock().slots_per_level(tick).unwrap();
+        let clock = Clock::new(tokio::time::Instant::now(), tick);
+        let handle = tokio::runtime::Handle::current();
+        let shared = Arc::new(Shared::new("t".into(), clock, handle, None, levels.clone()));
+        let (sender, mut expired) = mpsc::unbounded_channel();
+        let hasher = foldhash::fast::RandomState::default();
+        let ledger = Arc::new(Ledger::default());
+        let timers = Arc::new(AtomicUsize::new(1));
+        let mut machine =
+            KeyedMachine::<u32, u32>::new(&levels, clock, sender, hasher, ledger, timers);
+        let mut delta = Default::default();
+        let mut ctx = Ctx {
+            shared: &shared,
+            delta: &mut delta,
+        };
+        let word = Arc::new(DeadlineWord::new(ms(5)));
+        let insert = KeyedCommand::Insert {
+            key: 1,
+            value: 1,
+            word: word.clone(),
+        };
+        machine.apply(insert, &mut ctx);
+        let id = word.id().expect("filed");
+        let target = || Target::Filed {
+            id,
+            word: Arc::as_ptr(&word) as usize,
+        };
+        // The handle counts its move and queues it; the actor has not taken it.
+        word.sending();
+        let queued = KeyedCommand::Move(Box::new((target(), ms(50))));
+        // The actor fires at 6 ms (the old deadline was 5 ms).
+        machine.fire(ms(6) as u64, FIRE_FOR_TEST, &mut ctx);
+        assert!(expired.try_recv().is_err(), "fired at the old deadline");
+        assert_eq!(word.load(), (false, ms(5)));
+        // Its next turn takes the move; the entry then fires at the new deadline only.
+        machine.apply(queued, &mut ctx);
+        machine.fire(ms(7) as u64, FIRE_FOR_TEST, &mut ctx);
+        machine.fire(ms(49) as u64, FIRE_FOR_TEST, &mut ctx);
+        assert!(expired.try_recv().is_err(), "fired before the new deadline");
+        machine.fire(ms(50) as u64, FIRE_FOR_TEST, &mut ctx);
+        match expired.try_recv() {
+            Ok(Delivery::Fired(expiry)) => assert_eq!(expiry.deadline, ms(50)),
+            _ => panic!("not fired at the new deadline"),
+        }
+        assert_eq!(word.load(), (true, ms(50)));
+    }
+
+    const FIRE_FOR_TEST: usize = 1024;
 
     #[test]
     fn own_deadlines_round_trip_and_never_read_as_shared() {
