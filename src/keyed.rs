@@ -72,7 +72,6 @@ use crate::actor::Actor;
 use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine, Target};
-use crate::timer::clock::deadline_after;
 use crate::timer::keyed::{DeadlineWord, Ledger, Moved, Stripe};
 use crate::timer::shared::Shared;
 
@@ -177,6 +176,11 @@ impl<K, V> Set<K, V> {
         self.wheel.shared.clock.signed_offset(deadline)
     }
 
+    /// The offset of `after` from now (one clock read, integer arithmetic).
+    fn offset_after(&self, after: Duration) -> i64 {
+        self.wheel.shared.clock.signed_offset_after(after)
+    }
+
     fn instant(&self, offset: i64) -> Instant {
         self.wheel.shared.clock.instant_at(offset)
     }
@@ -230,13 +234,16 @@ where
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
     /// if the key is already set.
     pub fn set(&self, key: K, value: V, after: Duration) {
-        self.set_at(key, value, deadline_after(after));
+        self.set_offset(key, value, self.set.offset_after(after));
     }
 
     /// Inserts `key` with `value`, expiring at `deadline`; replaces the value and deadline if
     /// the key is already set.
     pub fn set_at(&self, key: K, value: V, deadline: Instant) {
-        let deadline = self.set.offset(deadline);
+        self.set_offset(key, value, self.set.offset(deadline));
+    }
+
+    fn set_offset(&self, key: K, value: V, deadline: i64) {
         let stripe = self.stripe(&key);
         let command = KeyedCommand::Set {
             key,
@@ -277,13 +284,16 @@ where
     /// # }
     /// ```
     pub fn insert(&self, key: K, value: V, after: Duration) -> KeyedTimer<K, V> {
-        self.insert_at(key, value, deadline_after(after))
+        self.insert_offset(key, value, self.set.offset_after(after))
     }
 
     /// [`set_at`](Self::set_at) that also returns a [`KeyedTimer`]; see
     /// [`insert`](Self::insert).
     pub fn insert_at(&self, key: K, value: V, deadline: Instant) -> KeyedTimer<K, V> {
-        let deadline = self.set.offset(deadline);
+        self.insert_offset(key, value, self.set.offset(deadline))
+    }
+
+    fn insert_offset(&self, key: K, value: V, deadline: i64) -> KeyedTimer<K, V> {
         let hash = self.hash(&key);
         let word = Arc::new(DeadlineWord::new(deadline));
         let command = KeyedCommand::Insert {
@@ -306,12 +316,15 @@ where
 
     /// Moves `key`'s expiry to `after` from now, earlier or later. No-op if absent.
     pub fn reset(&self, key: &K, after: Duration) {
-        self.reset_at(key, deadline_after(after));
+        self.reset_offset(key, self.set.offset_after(after));
     }
 
     /// Moves `key`'s expiry to `deadline`, earlier or later. No-op if absent.
     pub fn reset_at(&self, key: &K, deadline: Instant) {
-        let deadline = self.set.offset(deadline);
+        self.reset_offset(key, self.set.offset(deadline));
+    }
+
+    fn reset_offset(&self, key: &K, deadline: i64) {
         let command = KeyedCommand::Reset {
             key: key.clone(),
             deadline,
@@ -456,7 +469,7 @@ where
     /// Moves the entry's expiry to `after` from now, earlier or later; nothing if the handle
     /// is stale. See [`reset_at`](Self::reset_at).
     pub fn reset(&self, after: Duration) {
-        self.reset_at(deadline_after(after));
+        self.reset_offset(self.set.offset_after(after));
     }
 
     /// Moves the entry's expiry to `deadline`; nothing if the handle is stale.
@@ -468,7 +481,10 @@ where
     /// another) is still in flight: then the move queues behind it, so that it is not undone
     /// by a command made before it.
     pub fn reset_at(&self, deadline: Instant) {
-        let offset = self.set.offset(deadline);
+        self.reset_offset(self.set.offset(deadline));
+    }
+
+    fn reset_offset(&self, offset: i64) {
         let stripe = Ledger::stripe(self.hash);
         if self.word.is_quiet() && self.set.ledger.is_quiet(stripe) {
             if self.word.move_to(offset) == Moved::Earlier {
