@@ -1673,12 +1673,8 @@ pub async fn producers_keyed_wheel(
         }
     })
     .await;
-    let caller = start.elapsed();
     timers.len().await;
     let elapsed = start.elapsed();
-    if std::env::var_os("KEYED_CALLER").is_some() {
-        eprintln!("caller {caller:?} end {elapsed:?}");
-    }
     timers.drain().await;
     elapsed
 }
