@@ -23,6 +23,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use hashbrown::hash_table;
 use tokio::sync::{mpsc, oneshot};
 
 mod tables;
@@ -221,13 +222,8 @@ where
         })
     }
 
-    /// Files a new entry for `key` (not indexed yet) with `hash` = its hash.
-    fn insert(&mut self, key: K, value: V, due: Due, hash: u64, deadline: i64) -> u32 {
-        let id = self.entries.insert(Entry { key, value, due });
-        // Rehashing on growth needs every key's hash: the index keeps only ids.
-        let (entries, hasher) = (&self.entries, &self.hasher);
-        self.index
-            .insert(hash, id, |&id| hasher.hash_one(&entries.get(id).key));
+    /// Files a new entry for `key` (indexed already, by the caller) due at `deadline`.
+    fn file_new(&mut self, id: u32, deadline: i64) {
         if id as usize >= self.reserved {
             self.reserved = (self.reserved + self.reserved / 8)
                 .max(id as usize + 1)
@@ -235,7 +231,6 @@ where
             self.timeline.reserve_ids(self.reserved);
         }
         self.timeline.file(id, due_at(deadline));
-        id
     }
 
     /// Entry `id` is gone: its shared word (if any) is retired. Returns the deadline it had.
@@ -433,8 +428,33 @@ where
         ctx: &mut Ctx<'_>,
     ) -> u32 {
         ctx.delta.inserted += 1;
-        match self.find(&key, hash) {
-            Some(id) => {
+        // One probe of the index finds the key or the place for it: a set of a new key
+        // (most sets) does not probe again to insert.
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        let shard = &mut self.index.shards[Index::shard(hash)];
+        let found = match shard.entry(
+            hash,
+            |&id| {
+                entries
+                    .slot(id)
+                    .as_ref()
+                    .is_some_and(|entry| entry.key == key)
+            },
+            // Rehashing on growth needs every key's hash: the index keeps only ids.
+            |&id| hasher.hash_one(&entries.get(id).key),
+        ) {
+            hash_table::Entry::Occupied(found) => Ok(*found.get()),
+            hash_table::Entry::Vacant(place) => Err(place),
+        };
+        match found {
+            Err(place) => {
+                let id = self.entries.insert(Entry { key, value, due });
+                place.insert(id);
+                self.index.len += 1;
+                self.file_new(id, deadline);
+                id
+            }
+            Ok(id) => {
                 // Replaced: the old entry counts as cancelled, the new as inserted.
                 ctx.delta.cancelled += 1;
                 self.retire(id);
@@ -444,7 +464,6 @@ where
                 self.timeline.file(id, due_at(deadline));
                 id
             }
-            None => self.insert(key, value, due, hash, deadline),
         }
     }
 }
