@@ -426,7 +426,12 @@ where
 /// stopped, the handle is stale for good: `reset` and `remove` do nothing, `take` answers
 /// `None`, and [`deadline`](Self::deadline) keeps the deadline the entry had when it went. A
 /// `reset` racing expiry either lands before it (the entry fires at the new deadline) or finds
-/// the entry gone: it fires once, never early.
+/// the entry gone: it fires once, never early. One that returned before the entry's deadline
+/// always lands, even when it had to queue behind a command in flight on the key (the actor
+/// holds such an entry back until it has applied its handle's queued commands).
+///
+/// Handles do not keep the set's [`Expirations`] stream open: once every [`Timers`] clone is
+/// dropped and nothing is pending, it ends (every handle is stale by then).
 ///
 /// `Clone + Send`, and `Sync` when `K` is. Each clone holds its own copy of the key; dropping
 /// the handles leaves the entry set.
@@ -596,7 +601,8 @@ impl<K, V> Expired<K, V> {
 /// The stream of keyed expirations; made by [`Wheel::keyed`](crate::Wheel::keyed).
 ///
 /// `Send + Unpin`. Expirations come in deadline order across ticks. The stream ends once every
-/// [`Timers`] clone is dropped and nothing is pending, or after shutdown (once the entries
+/// [`Timers`] clone is dropped and nothing is pending (live [`KeyedTimer`]s, which can only act
+/// on their own entries, do not keep it open), or after shutdown (once the entries
 /// flushed by it, marked [`Expired::is_shutdown`], are read). Dropping it is allowed: the
 /// timers keep working and their expirations are discarded.
 pub struct Expirations<K, V> {
