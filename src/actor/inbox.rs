@@ -390,6 +390,11 @@ impl<C> Inbox<C> {
         self.wake.notify_one();
     }
 
+    /// Wakes the actor to look at its state (no command queued).
+    pub(crate) fn nudge(&self) {
+        self.wake.notify_one();
+    }
+
     pub(crate) fn senders_gone(&self) -> bool {
         self.senders_gone.load(Ordering::Acquire)
     }

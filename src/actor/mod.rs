@@ -131,6 +131,12 @@ pub(crate) trait Machine: Send + 'static {
         false
     }
 
+    /// Whether no handle left can file anything new (some may still act on what is filed):
+    /// with nothing filed, the actor may then stop although such handles live.
+    fn cannot_grow(&self) -> bool {
+        false
+    }
+
     /// Pool slots released since the last take, per inbox shard, to give back to the shards.
     fn freed(&mut self) -> &mut [Vec<u32>] {
         &mut []
@@ -220,8 +226,12 @@ impl<M: Machine> Actor<M> {
             self.delta.wakeups += 1;
             let (took, worked) = self.turn().await;
             self.publish();
-            if self.inbox.senders_gone() && (self.machine.len() == 0 || self.machine.abandoned()) {
-                // Senders close after their last send: one more look makes sure it is applied.
+            let idle = self.machine.len() == 0;
+            if (self.inbox.senders_gone() && (idle || self.machine.abandoned()))
+                || (idle && self.machine.cannot_grow())
+            {
+                // Senders close (or stop counting) after their last send: one more look makes
+                // sure it is applied.
                 if self.take() == 0 {
                     tracing::debug!("no handle left and nothing pending: actor exits");
                     break Exit::Quiet;

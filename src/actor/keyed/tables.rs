@@ -213,11 +213,6 @@ impl Index {
         self.shards[Self::shard(hash)].find(hash, eq).copied()
     }
 
-    pub(super) fn insert(&mut self, hash: u64, id: u32, rehash: impl Fn(&u32) -> u64) {
-        self.shards[Self::shard(hash)].insert_unique(hash, id, rehash);
-        self.len += 1;
-    }
-
     pub(super) fn remove(&mut self, hash: u64, id: u32) {
         if let Ok(found) = self.shards[Self::shard(hash)].find_entry(hash, |&other| other == id) {
             found.remove();
