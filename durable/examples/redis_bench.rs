@@ -1,8 +1,9 @@
 //! The Redis-shared durable queue, measured phase by phase: schedule rate; throughput with 1
 //! and 4 workers, tasks arriving while they run ("immediate") and waiting before they start
-//! ("backlog"); delayed-delivery lateness (and how many deliveries were early); Redis commands
+//! ("backlog"), at `SIZES` (default `TASKS` and 10 × `TASKS`); the producers' schedule rate
+//! while 1 or 4 workers run; `schedule_many` in batches of 1000; delayed-delivery lateness (and how many deliveries were early); Redis commands
 //! per second while a worker idles; redelivery time after a worker is killed; and 10^5 tasks
-//! due at once. `benches/peers/run-redis-peers.sh` runs the same phases with apalis-redis on
+//! due within 2 s (the time until all are done). `benches/peers/run-redis-peers.sh` runs the same phases with apalis-redis on
 //! the same server and prints medians and ratios.
 //!
 //! Starts its own `redis-server` (from PATH) on a loopback port, or uses `REDIS_URL`. Each
@@ -185,6 +186,11 @@ async fn main() {
     };
     let count = env("TASKS", if quick { 2_000 } else { 10_000 });
     let at_once = env("AT_ONCE", if quick { 5_000 } else { 100_000 });
+    // Immediate throughput is measured at each of these sizes (`SIZES`, comma-separated).
+    let sizes: Vec<usize> = std::env::var("SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![count, 10 * count]);
     let lease = Duration::from_secs(if quick { 1 } else { 5 });
     let (_server, url) = redis_server::start();
 
@@ -198,13 +204,17 @@ async fn main() {
             .unwrap();
         let far = now_ms() + 3_600_000;
         let elapsed = produce(&producer, count, Some(std::sync::Arc::new(move |_| far))).await;
-        result("schedule_per_s", rate(count, elapsed));
+        result("schedule_no_worker_per_s", rate(count, elapsed));
         wheel.shutdown().await;
     }
 
     for workers in [1, 4] {
-        // Immediate: workers running, tasks scheduled due now.
-        if wanted("immediate") {
+        // Immediate: workers running, tasks scheduled due now, for each size; the producers'
+        // own rate in the first size is the schedule rate with W workers running.
+        for (size_index, &n) in sizes.iter().enumerate() {
+            if !wanted("immediate") {
+                break;
+            }
             flush(&url);
             let wheel = Wheel::new();
             let producer = DurableQueue::builder()
@@ -219,11 +229,14 @@ async fn main() {
             let start = Instant::now();
             let producing = {
                 let producer = producer.clone();
-                tokio::spawn(async move { produce(&producer, count, None).await })
+                tokio::spawn(async move { produce(&producer, n, None).await })
             };
-            let value = throughput(&mut done, count, start).await;
-            producing.await.unwrap();
-            result(&format!("immediate_{workers}_per_s"), value);
+            let value = throughput(&mut done, n, start).await;
+            let produced = producing.await.unwrap();
+            if size_index == 0 {
+                result(&format!("schedule_w{workers}_per_s"), rate(n, produced));
+            }
+            result(&format!("immediate_{n}_w{workers}_per_s"), value);
             wheel.shutdown().await;
         }
 
@@ -350,7 +363,8 @@ async fn main() {
         wheel.shutdown().await;
     }
 
-    // Due at once: `at_once` tasks due at the same instant, four workers.
+    // Due within 2 s: `at_once` tasks due over the next 2 s (task i at start + 2 s · i/n),
+    // four workers; the time from the first schedule until the last ack.
     if wanted("at_once") {
         flush(&url);
         let wheel = Wheel::new();
@@ -364,12 +378,37 @@ async fn main() {
         }
         let now = now_ms();
         let start = Instant::now();
-        produce(&producer, at_once, Some(std::sync::Arc::new(move |_| now))).await;
-        let mut value = throughput(&mut done, at_once, start).await;
-        if value != "failed" {
-            value.push_str("/s");
+        let spread = move |i: usize| now + (i as u64 * 2_000) / at_once as u64;
+        produce(&producer, at_once, Some(std::sync::Arc::new(spread))).await;
+        let value = match receive(&mut done, at_once, Duration::from_secs(300)).await {
+            Some(_) => format!("{:.2}", start.elapsed().as_secs_f64()),
+            None => "failed".into(),
+        };
+        result(&format!("due_within_2s_{at_once}_done_s"), value);
+        wheel.shutdown().await;
+    }
+
+    // schedule_many: the same far-ahead tasks in batches of 1000 from one producer.
+    if wanted("schedule_many") {
+        flush(&url);
+        let wheel = Wheel::new();
+        let producer = DurableQueue::builder()
+            .redis(&url, QUEUE, &wheel)
+            .await
+            .unwrap();
+        let far = now_ms() + 3_600_000;
+        let start = Instant::now();
+        let mut left = count;
+        while left > 0 {
+            let batch = left.min(1_000);
+            left -= batch;
+            let tasks = (0..batch)
+                .map(|_| Task::new(payload(far)).at(UNIX_EPOCH + Duration::from_millis(far)));
+            for outcome in producer.schedule_many(tasks).await.expect("schedule_many") {
+                outcome.expect("scheduled");
+            }
         }
-        result(&format!("due_at_once_{at_once}"), value);
+        result("schedule_many_per_s", rate(count, start.elapsed()));
         wheel.shutdown().await;
     }
 }

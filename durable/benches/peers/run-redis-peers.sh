@@ -3,8 +3,15 @@
 # one redis-server (started here on a free loopback port, no persistence), ROUNDS times
 # alternating, then the medians and ratios as a markdown table (BENCHMARKS.md quotes it).
 #
-#   bash durable/benches/peers/run-redis-peers.sh            # 3 rounds, 10^4 tasks, 10^5 due at once
-#   ROUNDS=1 TASKS=2000 AT_ONCE=5000 bash durable/benches/peers/run-redis-peers.sh
+#   bash durable/benches/peers/run-redis-peers.sh            # 3 rounds, every phase
+#   ONLY=immediate,at_once bash durable/benches/peers/run-redis-peers.sh   # the rate table's rows
+#   ROUNDS=1 TASKS=2000 SIZES=2000 AT_ONCE=5000 bash durable/benches/peers/run-redis-peers.sh
+#
+# Rows: schedule_w{1,4}_per_s (16 producers' own rate while 1 or 4 workers consume),
+# immediate_{n}_w{W}_per_s (n tasks scheduled due now by 16 producers, W workers running,
+# first schedule to last ack; n in SIZES, default TASKS and 10 × TASKS),
+# due_within_2s_{AT_ONCE}_done_s (AT_ONCE tasks due over the next 2 s, 4 workers: seconds
+# until all are done; its ratio is apalis's time over ours), and phases BENCHMARKS.md explains.
 #
 # The apalis peer is a separate cargo project (durable/benches/peers/apalis): apalis-redis pins its
 # own redis-rs, which stays out of tokio-wheel's dependency graph.
@@ -42,6 +49,8 @@ for line in open(sys.argv[1]):
     peer, metric, value = line.split(maxsplit=2)
     runs[(peer, metric)].append(value.strip())
 def median(values):
+    if not values:
+        return "—"  # a phase only one side has (schedule_many)
     numbers = []
     for v in values:
         try:
@@ -55,13 +64,17 @@ for (_, metric) in runs:
         metrics.append(metric)
 # Lateness counts both ways: early (negative) is worse than late, so compare distances from 0.
 lower_is_better = ('late_', 'early', 'idle', 'redelivery')
+# Times to finish the same work: the ratio is theirs over ours (2× = done in half the time).
+lower_time = ('due_within',)
 print("| metric | tokio-wheel | apalis-redis | tokio-wheel vs apalis |")
 print("|---|---|---|---|")
 for metric in metrics:
     ours, theirs = median(runs[("tokio-wheel", metric)]), median(runs[("apalis", metric)])
     ratio = ""
     if isinstance(ours, float) and isinstance(theirs, float):
-        if metric.startswith(lower_is_better):
+        if metric.startswith(lower_time) and ours:
+            ratio = f"{theirs / ours:.2f}×"
+        elif metric.startswith(lower_is_better):
             a, b = abs(ours), abs(theirs)
             ratio = "better" if a < b else ("equal" if a == b else "worse")
         elif theirs:

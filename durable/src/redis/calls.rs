@@ -3,9 +3,13 @@
 //! their advance, and a delivery's finish, lease extension and release. Each carries a call
 //! id, so a retry after a lost reply is recognised instead of acting twice.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
+use super::batch::{Entry, Kind};
 use super::keys::partition_of;
 use super::shared::{PAGE, Shared, redis_args};
 use crate::recurring::Spec;
@@ -23,8 +27,29 @@ fn call_id() -> String {
     format!("{process}.{:x}", CALLS.fetch_add(1, Ordering::Relaxed))
 }
 
+/// A schedule entry's answer as the caller sees it.
+fn scheduled(
+    id: TaskId,
+    answer: Result<Result<String, Error>, oneshot::error::RecvError>,
+) -> Result<TaskId, Error> {
+    match answer.map_err(|_| Error::Closed)??.as_str() {
+        "INFLIGHT" => Err(Error::InFlight),
+        _ => Ok(id),
+    }
+}
+
 impl Shared {
-    pub(crate) async fn schedule(&self, task: Task) -> Result<TaskId, Error> {
+    /// One task's entry for the schedule flusher of its partition, and where its answer
+    /// comes back.
+    fn schedule_entry(
+        &self,
+        task: Task,
+    ) -> (
+        TaskId,
+        usize,
+        Entry,
+        oneshot::Receiver<Result<String, Error>>,
+    ) {
         let id = task.id.clone().unwrap_or_else(TaskId::generate);
         // A delay goes to the server as a delay: its clock, not ours, resolves it.
         let (mode, ms) = match task.due {
@@ -32,37 +57,52 @@ impl Shared {
             Some(Due::After(delay)) => ("after", crate::delay_ms(delay)),
             Some(Due::At(at)) => ("at", crate::epoch_ms(at)),
         };
-        let keys = self.keys_for(id.as_str());
-        let call = call_id();
-        let answer: String = self
-            .invoke_write(
-                keys,
-                &self.scripts.schedule,
-                &[
-                    &keys.payload,
-                    &keys.meta,
-                    &keys.due,
-                    &keys.dead,
-                    &keys.seq,
-                    &keys.idle,
-                    &keys.mark(id.as_str()),
-                    &keys.inflight,
-                ],
-                redis_args![
-                    "tw-schedule",
-                    id.as_str(),
-                    task.payload.as_slice(),
-                    mode,
-                    ms,
-                    &keys.channel,
-                    &call
-                ],
-            )
-            .await?;
-        match answer.as_str() {
-            "INFLIGHT" => Err(Error::InFlight),
-            _ => Ok(id),
+        let part = partition_of(id.as_str(), self.parts.len());
+        let (reply, answer) = oneshot::channel();
+        let entry = Entry {
+            mark: self.parts[part].mark(id.as_str()),
+            args: redis_args![id.as_str(), task.payload.as_slice(), mode, ms, call_id()],
+            reply,
+        };
+        (id, part, entry, answer)
+    }
+
+    /// Schedules one task: its entry joins whatever else its partition is scheduling now (see
+    /// `batch.rs`), and this returns once that invocation is durable.
+    pub(crate) async fn schedule(self: &Arc<Self>, task: Task) -> Result<TaskId, Error> {
+        let (id, part, entry, answer) = self.schedule_entry(task);
+        self.submit(Kind::Schedule, part, entry);
+        scheduled(id, answer.await)
+    }
+
+    /// Schedules every task, in order, in invocations of at most `batch::BATCH` tasks per
+    /// partition; one answer per task.
+    pub(crate) async fn schedule_many(
+        self: &Arc<Self>,
+        tasks: Vec<Task>,
+    ) -> Vec<Result<TaskId, Error>> {
+        // Each partition's entries go out in order, chunk after chunk; partitions at once.
+        let mut by_part: Vec<Vec<Entry>> = (0..self.parts.len()).map(|_| Vec::new()).collect();
+        let waiting: Vec<_> = tasks
+            .into_iter()
+            .map(|task| {
+                let (id, part, entry, answer) = self.schedule_entry(task);
+                by_part[part].push(entry);
+                (id, answer)
+            })
+            .collect();
+        futures::future::join_all(
+            by_part
+                .into_iter()
+                .enumerate()
+                .map(|(part, entries)| self.run_in_order(Kind::Schedule, part, entries)),
+        )
+        .await;
+        let mut answers = Vec::with_capacity(waiting.len());
+        for (id, answer) in waiting {
+            answers.push(scheduled(id, answer.await));
         }
+        answers
     }
 
     pub(crate) async fn change(&self, id: &str, op: &str, due: u64) -> Result<bool, Error> {
@@ -87,7 +127,7 @@ impl Shared {
 
     /// Finishes the delivery `token` of task `id` (its `attempt`-th).
     pub(crate) async fn finish(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         token: u64,
         attempt: u32,
@@ -101,44 +141,25 @@ impl Shared {
             }
             Outcome::Fail(reason) => ("dead", 0, reason),
         };
-        let keys = self.keys_for(id);
-        let window = crate::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW));
+        let part = partition_of(id, self.parts.len());
         // Its retries (same arguments) are recognised, another finish of the same delivery
         // is not.
-        let call = call_id();
-        let done: i64 = self
-            .invoke_write(
-                keys,
-                &self.scripts.finish,
-                &[
-                    &keys.payload,
-                    &keys.meta,
-                    &keys.inflight,
-                    &keys.due,
-                    &keys.dead,
-                    &keys.mark(id),
-                    &keys.idle,
-                    &keys.stats,
-                ],
-                redis_args![
-                    "tw-finish",
-                    id,
-                    token,
-                    outcome,
-                    delay,
-                    reason,
-                    &keys.channel,
-                    self.settings.policy.attempts(),
-                    window,
-                    &call
-                ],
-            )
-            .await?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(Error::LeaseLost)
+        let (reply, answer) = oneshot::channel();
+        let entry = Entry {
+            mark: self.parts[part].mark(id),
+            args: redis_args![id, token, outcome, delay, reason, call_id()],
+            reply,
+        };
+        self.submit(Kind::Finish, part, entry);
+        match answer.await.map_err(|_| Error::Closed)??.as_str() {
+            "1" => Ok(()),
+            _ => Err(Error::LeaseLost),
         }
+    }
+
+    /// How long a finish's mark lives (ms): a lease, at least [`MIN_MARK_WINDOW`].
+    pub(super) fn mark_window_ms(&self) -> u64 {
+        crate::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW))
     }
 
     /// Groups deliveries by partition, in pages of at most [`PAGE`].

@@ -66,6 +66,7 @@
 //! | `engine.rs` | the claiming loop: claim rounds, prefetch buffers and their leases, renewals, retention |
 //! | `wake.rs` | the wake channel listener |
 
+mod batch;
 mod calls;
 mod connection;
 mod engine;
@@ -155,6 +156,7 @@ pub(crate) async fn start(
             .map(|tag| Keys::new(tag))
             .collect(),
         scripts: Scripts::load(),
+        batchers: batch::Batchers::new(target.partitions),
         link,
         settings,
         replicas: target.replicas,

@@ -42,6 +42,8 @@ pub(super) use redis_args;
 pub(crate) struct Shared {
     pub(super) parts: Vec<Keys>,
     pub(super) scripts: Scripts,
+    /// Where schedules and finishes wait to share an invocation (see `batch.rs`).
+    pub(super) batchers: super::batch::Batchers,
     pub(super) link: Link,
     pub(super) settings: Settings,
     /// Writes return once this many replicas have them (`WAIT`).

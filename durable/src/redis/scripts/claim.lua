@@ -101,26 +101,43 @@ else
   if wanted > 0 then
     local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, wanted)
     local late = {}
-    for _, mem in ipairs(due) do
-      redis.call('ZREM', KEYS[2], mem)
-      local id = string.sub(mem, 22)
-      local st, d, seq, att, t, r, call = parse(redis.call('HGET', KEYS[1], id))
-      local tok = fmt(redis.call('INCR', KEYS[5]))
-      redis.call('ZADD', KEYS[3], now + lease, id)
-      redis.call('RPUSH', KEYS[7], id, tok)
-      if st == 'r' then
-        redis.call('HSET', KEYS[1], id, record('R', d, seq, 0, tok, r, call))
+    if #due > 0 then
+      -- The due tasks are the set's first #due members: one call removes them, one reads
+      -- their records, one their payloads, one takes their tokens, and the writes below go
+      -- out as one call each (a few calls per claim, not several per task).
+      redis.call('ZREMRANGEBYRANK', KEYS[2], 0, #due - 1)
+      local ids = {}
+      for k, mem in ipairs(due) do ids[k] = string.sub(mem, 22) end
+      local metas = redis.call('HMGET', KEYS[1], unpack(ids))
+      local payloads = redis.call('HMGET', KEYS[6], unpack(ids))
+      local last = redis.call('INCRBY', KEYS[5], #due)
+      local leases, records, replays = {}, {}, {}
+      for k, id in ipairs(ids) do
+        local st, d, seq, att, t, r, call = parse(metas[k])
+        local tok = fmt(last - #due + k)
+        table.insert(leases, now + lease)
+        table.insert(leases, id)
+        table.insert(replays, id)
+        table.insert(replays, tok)
+        table.insert(records, id)
+        local attempt, body = '0', r -- a recurring schedule: attempt 0, its definition
+        if st == 'r' then
+          table.insert(records, record('R', d, seq, 0, tok, r, call))
+        else
+          att = att + 1
+          table.insert(records, record('i', d, seq, att, tok, '', call))
+          attempt, body = fmt(att), payloads[k] or ''
+          table.insert(late, fmt(math.max(now - d, 0)))
+        end
         table.insert(out, id)
         table.insert(out, fmt(d))
-        table.insert(out, '0')
+        table.insert(out, attempt)
         table.insert(out, tok)
-        table.insert(out, r)
-      else
-        att = att + 1
-        redis.call('HSET', KEYS[1], id, record('i', d, seq, att, tok, '', call))
-        hand_out(id, d, att, tok)
-        table.insert(late, fmt(math.max(now - d, 0)))
+        table.insert(out, body)
       end
+      redis.call('ZADD', KEYS[3], unpack(leases))
+      redis.call('RPUSH', KEYS[7], unpack(replays))
+      redis.call('HSET', KEYS[1], unpack(records))
     end
     if #due > 0 then redis.call('PEXPIRE', KEYS[7], lease) end
     if #late > 0 then

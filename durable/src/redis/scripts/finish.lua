@@ -1,67 +1,98 @@
--- finish.lua — ends one delivery: ack (delete), retry (pending again after a delay), or
--- dead (to the dead letters with a reason).
+-- finish.lua — ends a batch of deliveries, each by ack (delete), retry (pending again after a
+-- delay), or dead (to the dead letters with a reason): one finish call, or concurrent
+-- finishes of one partition gathered into one invocation.
 --
 -- KEYS[1] payload    hash: id → payload
 -- KEYS[2] meta       hash: id → record `state|due|seq|attempts|token|call|reason`
 -- KEYS[3] inflight   sorted set: in-flight ids, score = lease end
 -- KEYS[4] due        sorted set: pending tasks, score = due (ms)
 -- KEYS[5] dead       sorted set: dead ids, score = time of death
--- KEYS[6] mark       string `tw:{q}:done:<id>`, written here: `token|call|schedule-call`
--- KEYS[7] idle       sorted set: idle workers (to wake one)
--- KEYS[8] stats      hash: the queue's counters
+-- KEYS[6] idle       sorted set: idle workers (to wake one)
+-- KEYS[7] stats      hash: the queue's counters
+-- KEYS[8..] mark     per delivery, in order: string `tw:{q}:done:<id>`, written here:
+--                    `token|call|schedule-call`
 --
 -- ARGV[1] label      'tw-finish' (not read)
--- ARGV[2] id
--- ARGV[3] token      the delivery being finished
--- ARGV[4] outcome    'ack', 'retry' or 'dead'
--- ARGV[5] delay      ms before a retry is due
--- ARGV[6] reason     why it died ('dead')
--- ARGV[7] channel    the partition's wake channel
--- ARGV[8] attempts   most deliveries of a task: a retry of the last one goes to the dead letters
--- ARGV[9] window     ms the mark lives (a lease, at least 1 s)
--- ARGV[10] call      this call's id, the same on every retry of it
+-- ARGV[2] channel    the partition's wake channel
+-- ARGV[3] attempts   most deliveries of a task: a retry of the last one goes to the dead letters
+-- ARGV[4] window     ms the mark lives (a lease, at least 1 s)
+-- ARGV[5..] finishes six per delivery, in order: id, token (the delivery being finished),
+--                    outcome ('ack', 'retry' or 'dead'), delay (ms before a retry is due),
+--                    reason (why it died), call (this finish's id, the same on every retry)
 --
--- Reply: 1 if this call took effect (now, or before, when its reply was lost: the mark names
--- the delivery and the call), 0 if the lease was lost — including a second, different finish
--- of the same delivery.
+-- Reply: per delivery, in order: '1' if its finish took effect (now, or before, when its
+-- reply was lost: the mark names the delivery and the call), '0' if the lease was lost —
+-- including a second, different finish of the same delivery.
 --
 -- Invariants: only the holder of the current delivery (its token) changes the task, and only
--- once. The mark also names the schedule call that made the task, so that call, retried
--- after the task was acked, does not make it again.
+-- once; each delivery is judged on its own, in order, as a batch of one would be. The mark
+-- also names the schedule call that made the task, so that call, retried after the task was
+-- acked, does not make it again. The caller sends at most a bounded batch (see batch.rs).
 
-local id, tok, outcome = ARGV[2], ARGV[3], ARGV[4]
-local m = redis.call('HGET', KEYS[2], id)
-if m then
-  local st, d, seq, att, t, r, call = parse(m)
-  if st == 'i' and t == tok then
-    redis.call('ZREM', KEYS[3], id)
+local out = {}
+local n = (#ARGV - 4) / 6
+local now = nil
+-- Acks are written together after the loop (one ZREM, two HDEL, one HINCRBY for the batch);
+-- an id acked earlier in this batch counts as gone for the entries after it.
+local acked, gone = {}, {}
+-- Every record in one call; an id met again in this batch is read again.
+local ids = {}
+for i = 0, n - 1 do ids[i + 1] = ARGV[5 + i * 6] end
+local metas = redis.call('HMGET', KEYS[2], unpack(ids))
+local met = {}
+for i = 0, n - 1 do
+  local a = 5 + i * 6
+  local id, tok, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local delay, why, this = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
+  local mark_key = KEYS[8 + i]
+  local done = '0'
+  local m = metas[i + 1]
+  if gone[id] then
+    m = nil
+  elseif met[id] then
+    m = redis.call('HGET', KEYS[2], id)
+  end
+  met[id] = true
+  local st, d, seq, att, t, r, call
+  if m then st, d, seq, att, t, r, call = parse(m) end
+  if m and st == 'i' and t == tok then
     if outcome == 'ack' then
-      redis.call('HDEL', KEYS[1], id)
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HINCRBY', KEYS[8], 'acked', 1)
-    elseif outcome == 'retry' and att < tonumber(ARGV[8]) then
-      local now = now_ms()
-      local due = now + tonumber(ARGV[5])
+      table.insert(acked, id) -- deleted after the loop
+      gone[id] = true
+    elseif outcome == 'retry' and att < tonumber(ARGV[3]) then
+      redis.call('ZREM', KEYS[3], id)
+      now = now or now_ms()
+      local due = now + tonumber(delay)
       redis.call('HSET', KEYS[2], id, record('p', due, seq, att, '0', '', call))
-      announce(KEYS[4], ARGV[7], KEYS[7], due, now)
+      announce(KEYS[4], ARGV[2], KEYS[6], due, now)
       redis.call('ZADD', KEYS[4], due, member(seq, id))
-      redis.call('HINCRBY', KEYS[8], 'retried', 1)
+      redis.call('HINCRBY', KEYS[7], 'retried', 1)
     else
-      local reason = ARGV[6]
+      local reason = why
       if outcome == 'retry' then
         reason = 'retried on its last delivery (' .. fmt(att) .. ' of ' .. fmt(att) .. ')'
       end
+      now = now or now_ms()
+      redis.call('ZREM', KEYS[3], id)
       redis.call('HSET', KEYS[2], id, record('d', d, seq, att, '0', reason, call))
-      redis.call('ZADD', KEYS[5], now_ms(), id)
-      redis.call('HINCRBY', KEYS[8], 'dead_lettered', 1)
+      redis.call('ZADD', KEYS[5], now, id)
+      redis.call('HINCRBY', KEYS[7], 'dead_lettered', 1)
     end
-    redis.call('SET', KEYS[6], tok .. '|' .. ARGV[10] .. '|' .. (call or ''), 'PX', ARGV[9])
-    return 1
+    redis.call('SET', mark_key, tok .. '|' .. this .. '|' .. (call or ''), 'PX', ARGV[4])
+    done = '1'
+  else
+    local mark = redis.call('GET', mark_key)
+    if mark then
+      local mt, mc = string.match(mark, '^(%d+)|([^|]*)|')
+      if mt == tok and mc == this then done = '1' end
+    end
   end
+  table.insert(out, done)
 end
-local mark = redis.call('GET', KEYS[6])
-if mark and string.match(mark, '^(%d+)|([^|]*)|') == tok and
-   select(2, string.match(mark, '^(%d+)|([^|]*)|')) == ARGV[10] then
-  return 1
+if #acked > 0 then
+  redis.call('ZREM', KEYS[3], unpack(acked))
+  redis.call('HDEL', KEYS[1], unpack(acked))
+  redis.call('HDEL', KEYS[2], unpack(acked))
+  redis.call('HINCRBY', KEYS[7], 'acked', #acked)
 end
-return 0
+return out

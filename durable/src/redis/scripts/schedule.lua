@@ -1,4 +1,5 @@
--- schedule.lua — makes (or replaces) one task, pending at its due time.
+-- schedule.lua — makes (or replaces) a batch of tasks, each pending at its due time: one
+-- `schedule` call, concurrent calls gathered into one invocation, or a `schedule_many` chunk.
 --
 -- KEYS[1] payload    hash: id → payload
 -- KEYS[2] meta       hash: id → record `state|due|seq|attempts|token|call|reason`
@@ -6,46 +7,101 @@
 -- KEYS[4] dead       sorted set: dead ids, score = time of death
 -- KEYS[5] seq        counter: schedule order
 -- KEYS[6] idle       sorted set: workers with room that found nothing due (to wake one)
--- KEYS[7] mark       string `tw:{q}:done:<id>`: `token|call|schedule-call` of the task's last
---                    finish (expires after a lease, at least 1 s)
--- KEYS[8] inflight   sorted set: in-flight ids, score = lease end
+-- KEYS[7] inflight   sorted set: in-flight ids, score = lease end
+-- KEYS[8..] mark     per task, in order: string `tw:{q}:done:<id>`, `token|call|schedule-call`
+--                    of the task's last finish (expires after a lease, at least 1 s)
 --
 -- ARGV[1] label      'tw-schedule' (not read)
--- ARGV[2] id
--- ARGV[3] payload
--- ARGV[4] mode       'at' (ARGV[5] is a time, ms since the epoch) or 'after' (a delay, added
---                    to the server's clock: the caller's clock never decides)
--- ARGV[5] ms
--- ARGV[6] channel    the partition's wake channel
--- ARGV[7] call       this call's id, the same on every retry of it
+-- ARGV[2] channel    the partition's wake channel
+-- ARGV[3..] tasks    five per task, in order: id, payload, mode ('at': ms is a time, ms since
+--                    the epoch; 'after': a delay, added to the server's clock, so the caller's
+--                    clock never decides), ms, call (that task's call id, the same on every
+--                    retry of it)
 --
--- Reply: 'OK' (scheduled, or already scheduled by this call), or 'INFLIGHT' (a delivery of
--- that id is in flight: nothing changed).
+-- Reply: per task, in order: 'OK' (scheduled, or already scheduled by this call), or
+-- 'INFLIGHT' (a delivery of that id is in flight: that task changed nothing).
 --
--- Invariants: one record per id — a pending, dead or recurring task of the same id is
--- removed from its index before it is replaced, an in-flight one is never replaced. A call
--- retried after a lost reply is recognised (by the task's record, or by the mark its ack
--- left) and answers 'OK' without acting again: a retry never makes an acked task again.
+-- Invariants: tasks are taken in order, each exactly as a batch of one would take it (a later
+-- task of the same id replaces an earlier one; ties in due time go in this order). One
+-- record per id — a pending, dead or recurring task of the same id is removed from its index
+-- before it is replaced, an in-flight one is never replaced. A call retried after a lost
+-- reply is recognised (by the task's record, or by the mark its ack left) and answers 'OK'
+-- without acting again: a retry never makes an acked task again. The caller sends at most a
+-- bounded batch (see batch.rs).
 
 local now = now_ms()
-local id = ARGV[2]
-local due = tonumber(ARGV[5])
-if ARGV[4] == 'after' then due = now + due end
-local m = redis.call('HGET', KEYS[2], id)
-if m then
-  local st, d, seq, att, tok, reason, call = parse(m)
-  if call == ARGV[7] then return 'OK' end -- this call, retried after a lost reply
-  if st == 'i' then return 'INFLIGHT' end
-  if st == 'p' or st == 'r' then redis.call('ZREM', KEYS[3], member(seq, id)) end
-  if st == 'd' then redis.call('ZREM', KEYS[4], id) end
-  if st == 'R' then redis.call('ZREM', KEYS[8], id) end
-else
-  local mark = redis.call('GET', KEYS[7])
-  if mark and string.match(mark, '|([^|]*)$') == ARGV[7] then return 'OK' end
+local out = {}
+local n = (#ARGV - 2) / 5
+-- New tasks are written together (one HSET per hash, one ZADD) when the loop ends or before
+-- an id already written in this batch is looked at again; the due set's head is tracked
+-- here, as the writes would move it, and read again after a removal.
+local payloads, records, members, fresh = {}, {}, {}, {}
+local function flush()
+  if #members > 0 then
+    redis.call('HSET', KEYS[1], unpack(payloads))
+    redis.call('HSET', KEYS[2], unpack(records))
+    redis.call('ZADD', KEYS[3], unpack(members))
+    payloads, records, members, fresh = {}, {}, {}, {}
+  end
 end
-local seq = redis.call('INCR', KEYS[5])
-redis.call('HSET', KEYS[1], id, ARGV[3])
-redis.call('HSET', KEYS[2], id, record('p', due, seq, 0, '0', '', ARGV[7]))
-announce(KEYS[3], ARGV[6], KEYS[6], due, now)
-redis.call('ZADD', KEYS[3], due, member(seq, id))
-return 'OK'
+local function head_due()
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  return tonumber(head[2])
+end
+local head = head_due()
+-- Every task's record in one call; an id met again in this batch is read again.
+local ids = {}
+for i = 0, n - 1 do ids[i + 1] = ARGV[3 + i * 5] end
+local metas = redis.call('HMGET', KEYS[2], unpack(ids))
+local met = {}
+-- Sequence numbers for the whole batch at once (unused ones leave gaps: only order counts).
+local seq_next = redis.call('INCRBY', KEYS[5], n) - n
+for i = 0, n - 1 do
+  local a = 3 + i * 5
+  local id, payload, mode, ms, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local due = tonumber(ms)
+  if mode == 'after' then due = now + due end
+  if fresh[id] then flush() end
+  local answer = nil
+  local m = metas[i + 1]
+  if met[id] then m = redis.call('HGET', KEYS[2], id) end
+  met[id] = true
+  if m then
+    local st, d, seq, att, tok, reason, c = parse(m)
+    if c == call then
+      answer = 'OK' -- this call, retried after a lost reply
+    elseif st == 'i' then
+      answer = 'INFLIGHT'
+    else
+      if st == 'p' or st == 'r' then
+        flush() -- the head is read again below, with this batch's tasks in the set
+        redis.call('ZREM', KEYS[3], member(seq, id))
+        head = head_due()
+      end
+      if st == 'd' then redis.call('ZREM', KEYS[4], id) end
+      if st == 'R' then redis.call('ZREM', KEYS[7], id) end
+    end
+  else
+    local mark = redis.call('GET', KEYS[8 + i])
+    if mark and string.match(mark, '|([^|]*)$') == call then answer = 'OK' end
+  end
+  if answer == nil then
+    seq_next = seq_next + 1
+    -- Only a task earlier than every pending one is announced (see `announce`).
+    if head == nil or due < head then
+      if due <= now then wake_one(KEYS[6]) else redis.call('PUBLISH', ARGV[2], fmt(due)) end
+      head = due
+    end
+    table.insert(payloads, id)
+    table.insert(payloads, payload)
+    table.insert(records, id)
+    table.insert(records, record('p', due, seq_next, 0, '0', '', call))
+    table.insert(members, due)
+    table.insert(members, member(seq_next, id))
+    fresh[id] = true
+    answer = 'OK'
+  end
+  table.insert(out, answer)
+end
+flush()
+return out

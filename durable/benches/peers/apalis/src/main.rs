@@ -177,6 +177,11 @@ fn result(metric: &str, value: impl std::fmt::Display) {
     println!("RESULT {metric} {value}");
 }
 
+/// Whether to run a phase: all of them, or those named in `ONLY` (comma-separated).
+fn wanted(phase: &str) -> bool {
+    std::env::var("ONLY").map_or(true, |only| only.split(',').any(|p| p == phase))
+}
+
 fn rate(count: usize, elapsed: Duration) -> String {
     format!("{:.0}", count as f64 / elapsed.as_secs_f64())
 }
@@ -187,31 +192,51 @@ async fn main() {
     let count: usize = std::env::var("TASKS").ok().and_then(|n| n.parse().ok()).unwrap_or(10_000);
     let at_once: usize = std::env::var("AT_ONCE").ok().and_then(|n| n.parse().ok()).unwrap_or(100_000);
 
+    // Immediate throughput is measured at each of these sizes (`SIZES`, comma-separated).
+    let sizes: Vec<usize> = std::env::var("SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![count, 10 * count]);
+
     // Schedule rate: jobs an hour ahead.
-    flush(&url).await;
-    let far = now_ms() + 3_600_000;
-    let elapsed = produce(&url, count, Some(Arc::new(move |_| far))).await;
-    result("schedule_per_s", rate(count, elapsed));
+    if wanted("schedule") {
+        flush(&url).await;
+        let far = now_ms() + 3_600_000;
+        let elapsed = produce(&url, count, Some(Arc::new(move |_| far))).await;
+        result("schedule_no_worker_per_s", rate(count, elapsed));
+    }
 
     for workers in [1, 4] {
-        // Immediate: workers running, jobs pushed due now.
-        flush(&url).await;
-        let phase = Phase::new();
-        let (sender, mut done) = mpsc::unbounded_channel();
-        for _ in 0..workers {
-            phase.worker(&url, &sender, false);
+        // Immediate: workers running, jobs pushed due now, for each size; the producers' own
+        // rate in the first size is the schedule rate with W workers running.
+        for (size_index, &n) in sizes.iter().enumerate() {
+            if !wanted("immediate") {
+                break;
+            }
+            flush(&url).await;
+            let phase = Phase::new();
+            let (sender, mut done) = mpsc::unbounded_channel();
+            for _ in 0..workers {
+                phase.worker(&url, &sender, false);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let start = Instant::now();
+            let producing = tokio::spawn({
+                let url = url.clone();
+                async move { produce(&url, n, None).await }
+            });
+            let ok = receive(&mut done, n, Duration::from_secs(120)).await.is_some();
+            let produced = producing.await.unwrap();
+            if size_index == 0 {
+                result(&format!("schedule_w{workers}_per_s"), rate(n, produced));
+            }
+            result(&format!("immediate_{n}_w{workers}_per_s"), if ok { rate(n, start.elapsed()) } else { "failed".into() });
+            phase.end();
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let start = Instant::now();
-        let producing = tokio::spawn({
-            let url = url.clone();
-            async move { produce(&url, count, None).await }
-        });
-        let ok = receive(&mut done, count, Duration::from_secs(120)).await.is_some();
-        producing.await.unwrap();
-        result(&format!("immediate_{workers}_per_s"), if ok { rate(count, start.elapsed()) } else { "failed".into() });
-        phase.end();
 
+        if !wanted("backlog") {
+            continue;
+        }
         // Backlog: jobs waiting before the workers start.
         flush(&url).await;
         produce(&url, count, None).await;
@@ -226,7 +251,23 @@ async fn main() {
         phase.end();
     }
 
-    // Lateness: 2000 jobs due over the next 0.5–2.5 s, one worker waiting.
+    if wanted("lateness") {
+        lateness(&url).await;
+    }
+    if wanted("idle") {
+        idle(&url).await;
+    }
+    if wanted("redelivery") {
+        redelivery(&url).await;
+    }
+    if wanted("at_once") {
+        due_within(&url, at_once).await;
+    }
+}
+
+/// Lateness: 2000 jobs due over the next 0.5–2.5 s, one worker waiting.
+async fn lateness(url: &str) {
+    let url = url.to_owned();
     flush(&url).await;
     let phase = Phase::new();
     let (sender, mut done) = mpsc::unbounded_channel();
@@ -246,8 +287,11 @@ async fn main() {
         None => result("late_p50_ms", "failed"),
     }
     phase.end();
+}
 
-    // Idle: one worker, nothing to do, for 5 s.
+/// Idle: one worker, nothing to do, for 5 s.
+async fn idle(url: &str) {
+    let url = url.to_owned();
     flush(&url).await;
     let phase = Phase::new();
     let (sender, _done) = mpsc::unbounded_channel();
@@ -259,9 +303,12 @@ async fn main() {
     // The INFO that read `before` counts as one.
     result("idle_cmds_per_s_per_worker", format!("{:.0}", (after - before - 1) as f64 / 5.0));
     phase.end();
+}
 
-    // Redelivery after a killed worker: it takes 100 jobs and never finishes them; its
-    // runtime is dropped (every task gone at once, as in a kill); a second worker is waiting.
+/// Redelivery after a killed worker: it takes 100 jobs and never finishes them; its runtime
+/// is dropped (every task gone at once, as in a kill); a second worker is waiting.
+async fn redelivery(url: &str) {
+    let url = url.to_owned();
     flush(&url).await;
     let (sender, mut done) = mpsc::unbounded_channel();
     let victim = Phase::new();
@@ -284,8 +331,13 @@ async fn main() {
         None => result("redelivery_s", "never"),
     }
     rescuer.end();
+}
 
-    // Due at once: `at_once` jobs scheduled for the same second, four workers.
+/// Due within 2 s: `at_once` jobs due over the next 2 s (job i at start + 2 s · i/n, in whole
+/// seconds as apalis takes them), four workers; the time from the first schedule until the
+/// last job is done.
+async fn due_within(url: &str, at_once: usize) {
+    let url = url.to_owned();
     flush(&url).await;
     let phase = Phase::new();
     let (sender, mut done) = mpsc::unbounded_channel();
@@ -294,8 +346,12 @@ async fn main() {
     }
     let now = now_ms();
     let start = Instant::now();
-    produce(&url, at_once, Some(Arc::new(move |_| now))).await;
-    let ok = receive(&mut done, at_once, Duration::from_secs(120)).await.is_some();
-    result(&format!("due_at_once_{at_once}"), if ok { format!("{}/s", rate(at_once, start.elapsed())) } else { "failed".into() });
+    let spread = move |i: usize| now + (i as u64 * 2_000) / at_once as u64;
+    produce(&url, at_once, Some(Arc::new(spread))).await;
+    let value = match receive(&mut done, at_once, Duration::from_secs(300)).await {
+        Some(_) => format!("{:.2}", start.elapsed().as_secs_f64()),
+        None => "failed".into(),
+    };
+    result(&format!("due_within_2s_{at_once}_done_s"), value);
     phase.end();
 }

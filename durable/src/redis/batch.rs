@@ -1,0 +1,249 @@
+//! Writes gathered into shared script invocations: every `schedule` and every finish (`ack`,
+//! `retry`, `fail`) of one partition goes through one flusher task, which sends whatever
+//! calls are waiting as one `schedule.lua` or `finish.lua` invocation, answers each call from
+//! its own entry of the reply, and then takes the calls that queued meanwhile. A call made
+//! while nothing else is waiting goes out at once (no timer, no added latency); under load,
+//! 16 producers or 64 acking deliveries share one round trip and one script.
+//!
+//! Each entry keeps its own call id, so a batch retried after a lost reply is recognised
+//! entry by entry, exactly as a call of its own would be; each call still returns only once
+//! its entry is durable (and, with `replicas(n)`, on n replicas: one `WAIT` per batch).
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+
+use super::shared::{Shared, redis_args};
+use crate::Error;
+
+/// Most entries (tasks scheduled or deliveries finished) one invocation takes: the bounded
+/// work per script step.
+pub(super) const BATCH: usize = 500;
+/// Most argument bytes (payloads mostly) one invocation carries, at least one entry: a batch
+/// of large payloads does not become one long script that keeps other clients waiting.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Which script a flusher runs.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Kind {
+    Schedule,
+    Finish,
+}
+
+impl Kind {
+    /// Most invocations of one flusher in flight at once. Schedules: one, so calls that
+    /// arrive while it runs make the next batch (measured with 16 producers, most invocations
+    /// carried a single task when four could be in flight, and each invocation costs the
+    /// server far more than a task in it). Finishes: four, pipelined on the connection; a
+    /// worker's acks come in bursts of its claims anyway. Concurrent calls carry no order
+    /// between them; `schedule_many`, which does, sends its chunks itself, one at a time.
+    fn in_flight(self) -> usize {
+        match self {
+            Kind::Schedule => 1,
+            Kind::Finish => 4,
+        }
+    }
+}
+
+/// One call's entry: its mark key, its arguments, and where its answer goes.
+pub(super) struct Entry {
+    pub(super) mark: String,
+    pub(super) args: Vec<Vec<u8>>,
+    pub(super) reply: oneshot::Sender<Result<String, Error>>,
+}
+
+impl Entry {
+    fn bytes(&self) -> usize {
+        self.args.iter().map(Vec::len).sum::<usize>() + self.mark.len()
+    }
+}
+
+/// Per partition: the sender to its schedule flusher and to its finish flusher, each
+/// started on first use.
+pub(super) struct Batchers {
+    schedule: Vec<OnceLock<mpsc::UnboundedSender<Entry>>>,
+    finish: Vec<OnceLock<mpsc::UnboundedSender<Entry>>>,
+}
+
+impl Batchers {
+    pub(super) fn new(parts: usize) -> Batchers {
+        Batchers {
+            schedule: (0..parts).map(|_| OnceLock::new()).collect(),
+            finish: (0..parts).map(|_| OnceLock::new()).collect(),
+        }
+    }
+}
+
+impl Shared {
+    /// Queues `entry` for partition `part`'s flusher of `kind`; its answer arrives on the
+    /// entry's reply (dropped unanswered, read as [`Error::Closed`], if the queue is gone).
+    pub(super) fn submit(self: &Arc<Self>, kind: Kind, part: usize, entry: Entry) {
+        let slots = match kind {
+            Kind::Schedule => &self.batchers.schedule,
+            Kind::Finish => &self.batchers.finish,
+        };
+        let sender = slots[part].get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            // The flusher holds the queue weakly: it ends when the last handle is gone (and
+            // with it this sender).
+            tokio::spawn(flusher(Arc::downgrade(self), kind, part, receiver));
+            sender
+        });
+        let _ = sender.send(entry);
+    }
+
+    /// Runs `entries` of partition `part` in their order, one bounded chunk after the other
+    /// (`schedule_many`: its order is the order of ties), answering each entry.
+    pub(super) async fn run_in_order(&self, kind: Kind, part: usize, entries: Vec<Entry>) {
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
+            let mut bytes = 0;
+            let (mut marks, mut args, mut replies) = (Vec::new(), Vec::new(), Vec::new());
+            while let Some(entry) = entries.next_if(|entry| {
+                replies.is_empty()
+                    || (replies.len() < BATCH && bytes + entry.bytes() <= BATCH_BYTES)
+            }) {
+                bytes += entry.bytes();
+                marks.push(entry.mark);
+                args.extend(entry.args);
+                replies.push(entry.reply);
+            }
+            let result = self.run_batch(kind, part, &marks, args).await;
+            answer(kind, replies, result);
+        }
+    }
+
+    /// One invocation for these entries; the reply has one answer per entry, in order.
+    async fn run_batch(
+        &self,
+        kind: Kind,
+        part: usize,
+        marks: &[String],
+        entries: Vec<Vec<u8>>,
+    ) -> Result<Vec<String>, Error> {
+        let keys = &self.parts[part];
+        let (script, mut key_list, mut args) = match kind {
+            Kind::Schedule => (
+                &self.scripts.schedule,
+                vec![
+                    keys.payload.as_str(),
+                    &keys.meta,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.seq,
+                    &keys.idle,
+                    &keys.inflight,
+                ],
+                redis_args!["tw-schedule", &keys.channel],
+            ),
+            Kind::Finish => (
+                &self.scripts.finish,
+                vec![
+                    keys.payload.as_str(),
+                    &keys.meta,
+                    &keys.inflight,
+                    &keys.due,
+                    &keys.dead,
+                    &keys.idle,
+                    &keys.stats,
+                ],
+                redis_args![
+                    "tw-finish",
+                    &keys.channel,
+                    self.settings.policy.attempts(),
+                    self.mark_window_ms()
+                ],
+            ),
+        };
+        key_list.extend(marks.iter().map(String::as_str));
+        args.extend(entries);
+        self.invoke_write(keys, script, &key_list, args).await
+    }
+}
+
+/// Sends what waits in bounded batches, at most [`Kind::in_flight`] invocations at a time
+/// (they pipeline on the multiplexed connection), until the queue is gone.
+async fn flusher(
+    shared: Weak<Shared>,
+    kind: Kind,
+    part: usize,
+    mut entries: mpsc::UnboundedReceiver<Entry>,
+) {
+    let mut carried: Option<Entry> = None;
+    let mut running = FuturesUnordered::new();
+    let mut open = true;
+    loop {
+        let in_flight = kind.in_flight();
+        let room = running.len() < in_flight;
+        tokio::select! {
+            Some((replies, result)) = running.next(), if !running.is_empty() => answer(kind, replies, result),
+            first = entries.recv(), if room && open && carried.is_none() => match first {
+                Some(entry) => carried = Some(entry),
+                None => open = false,
+            },
+            () = std::future::ready(()), if room && carried.is_some() => {}
+            else => return,
+        }
+        let Some(first) = (if running.len() < in_flight {
+            carried.take()
+        } else {
+            None
+        }) else {
+            continue;
+        };
+        let mut bytes = first.bytes();
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            let Ok(entry) = entries.try_recv() else { break };
+            if bytes + entry.bytes() > BATCH_BYTES {
+                carried = Some(entry);
+                break;
+            }
+            bytes += entry.bytes();
+            batch.push(entry);
+        }
+        let Some(queue) = shared.upgrade() else {
+            return;
+        };
+        let mut marks = Vec::with_capacity(batch.len());
+        let mut args = Vec::new();
+        let mut replies = Vec::with_capacity(batch.len());
+        for entry in batch {
+            marks.push(entry.mark);
+            args.extend(entry.args);
+            replies.push(entry.reply);
+        }
+        running.push(async move {
+            let result = queue.run_batch(kind, part, &marks, args).await;
+            (replies, result)
+        });
+    }
+}
+
+/// Answers each call of a batch from its entry of the reply.
+fn answer(
+    kind: Kind,
+    replies: Vec<oneshot::Sender<Result<String, Error>>>,
+    result: Result<Vec<String>, Error>,
+) {
+    match result {
+        Ok(answers) if answers.len() == replies.len() => {
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(Ok(answer));
+            }
+        }
+        Ok(_) => {
+            let error = Error::Io(format!("unexpected reply from the {kind:?} script"));
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+        Err(error) => {
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
