@@ -23,6 +23,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 
 #[cfg(loom)]
@@ -72,6 +73,32 @@ pub(crate) enum Urgency {
     /// While commands flow the actor keeps a look armed within that bound (see `actor`'s
     /// "lazy look"), so these wake it only after a quiet spell.
     Lazy,
+}
+
+/// Drops the indices of freed segments from `free` and orders the rest by segment, highest
+/// first, so that `pop` hands out the lowest segment's slots first. A counting sort by
+/// segment: linear in the list, whatever its order.
+fn lowest_segment_last(free: &mut Vec<u32>, pool: &Pool) {
+    let mut counts = vec![0usize; Pool::SEGMENTS + 1];
+    free.retain(|&index| {
+        let segment = Pool::segment_of(index);
+        let live = pool.is_allocated(segment);
+        if live {
+            // Highest segment first: bucket `SEGMENTS - 1 - segment`.
+            counts[Pool::SEGMENTS - segment] += 1;
+        }
+        live
+    });
+    for bucket in 1..counts.len() {
+        counts[bucket] += counts[bucket - 1];
+    }
+    let mut sorted = vec![0u32; free.len()];
+    for &index in free.iter() {
+        let bucket = Pool::SEGMENTS - 1 - Pool::segment_of(index);
+        sorted[counts[bucket]] = index;
+        counts[bucket] += 1;
+    }
+    *free = sorted;
 }
 
 /// How long a command that only gives memory back may wait for the actor's next wake-up.
@@ -354,34 +381,48 @@ impl<C> Inbox<C> {
         }
     }
 
-    /// Frees the pool's segments past what `keep` slots need, if no slot at all is in use:
-    /// every shard is locked meanwhile, so none can be taken. Returns the new capacity.
-    pub(crate) fn shrink_pool(
+    /// Frees every pool segment from `keep` on (by segment number) none of whose slots is in
+    /// use, and orders the free lists lowest segment first (see `timer::pool`). Every shard is
+    /// locked meanwhile, so no slot can be taken. Returns the indices of the segments freed.
+    pub(crate) fn release_segments(
         &self,
         pool: &Pool,
         freed: &mut [Vec<u32>],
-        keep: u32,
-    ) -> Option<u32> {
+        keep: usize,
+    ) -> Vec<Range<u32>> {
         let mut shards: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
         for (state, freed) in shards.iter_mut().zip(freed.iter_mut()) {
             state.returned += freed.len() as u64;
             state.free.append(freed);
         }
-        let live: u64 = shards.iter().map(|s| s.taken - s.returned).sum();
-        if live != 0 {
-            return None;
+        // Free slots per segment. An index is in at most one free list, and only once nobody
+        // holds it (the protocol of `timer::pool`): a segment with every slot free is unused.
+        let mut free = vec![0u32; Pool::SEGMENTS];
+        for state in &shards {
+            for &index in &state.free {
+                free[Pool::segment_of(index)] += 1;
+            }
         }
-        // SAFETY: no slot is held (every slot taken was given back), and none can be taken
-        // while these locks are held; the free lists are cut to the new capacity below, before
-        // the locks are released.
-        let capacity = unsafe { pool.shrink(Pool::segments_within(keep)) };
+        let mut released = Vec::new();
+        for (segment, &count) in free.iter().enumerate().skip(keep) {
+            if count == Pool::segment_len(segment) {
+                // SAFETY: every index of the segment is in a free list, so no handle holds
+                // one nor can reach the slots (a handle gives an index back only once it no
+                // longer touches the slot), and the actor, which alone puts indices there, no
+                // longer holds them either. None can be taken while these locks are held, and
+                // the indices leave the free lists below, before the locks are released.
+                if let Some(range) = unsafe { pool.release(segment) } {
+                    released.push(range);
+                }
+            }
+        }
         for state in &mut shards {
-            state.free.retain(|&index| index < capacity);
+            lowest_segment_last(&mut state.free, pool);
             if state.free.capacity() > 2 * state.free.len() + 64 {
                 state.free.shrink_to_fit();
             }
         }
-        Some(capacity)
+        released
     }
 
     /// The last sending handle is gone.
@@ -498,15 +539,63 @@ mod tests {
             inbox.send_with_slot(1, &pool, Urgency::Now, |index, _| index),
             Some((b, 0))
         );
-        // One slot is still held: the pool cannot shrink.
-        assert_eq!(inbox.shrink_pool(&pool, &mut freed, 0), None);
+        // One slot is still held: its segment stays.
+        assert!(inbox.release_segments(&pool, &mut freed, 0).is_empty());
         let mut freed = vec![Vec::new(), vec![b]];
-        assert_eq!(inbox.shrink_pool(&pool, &mut freed, 0), Some(0));
+        assert_eq!(inbox.release_segments(&pool, &mut freed, 0), [0..1024]);
         assert_eq!(pool.capacity(), 0);
         assert_eq!(
             inbox.send_with_slot(0, &pool, Urgency::Now, |index, _| index),
             Some((0, 0))
         );
+    }
+
+    #[test]
+    fn a_held_slot_keeps_only_its_own_segment_and_new_slots_come_from_the_lowest() {
+        let inbox = Inbox::new(2);
+        let pool = Pool::default();
+        // Segments 0, 1 and 2 (7168 slots), all taken through shard 0.
+        let taken: Vec<u32> = (0..7168)
+            .map(|_| {
+                inbox
+                    .send_with_slot(0, &pool, Urgency::Now, |index, _| index)
+                    .unwrap()
+                    .0
+            })
+            .collect();
+        assert_eq!(pool.capacity(), 7168);
+        let mut batch = VecDeque::new();
+        inbox.take_all(&mut batch, &mut []);
+        // Everything comes back (in no useful order) but slot 5000, in segment 2, and slot
+        // 10, in segment 0, which is kept anyway.
+        let mut freed = vec![Vec::new(), Vec::new()];
+        for &index in taken.iter().rev().filter(|&&i| i != 5000 && i != 10) {
+            freed[(index % 2) as usize].push(index);
+        }
+        let released = inbox.release_segments(&pool, &mut freed, 1);
+        assert_eq!(released, [1024..3072], "segment 2 holds slot 5000");
+        assert_eq!(pool.capacity(), 1024 + 4096);
+        assert_eq!(pool.get(5000).word.deadline(), 0);
+        // Lowest segment first: shard 0 hands out segment 0's slots before segment 2's.
+        let first = inbox
+            .send_with_slot(0, &pool, Urgency::Now, |index, _| index)
+            .unwrap()
+            .0;
+        assert!(first < 1024, "{first} is not in segment 0");
+        // Slot 5000 and `first` come back: every segment but the kept one goes.
+        let mut freed = vec![vec![5000, first], Vec::new()];
+        assert_eq!(inbox.release_segments(&pool, &mut freed, 1), [3072..7168]);
+        assert_eq!(pool.capacity(), 1024);
+        inbox.take_all(&mut batch, &mut []);
+        // The free lists hold segment 0's slots only (10 is still out), about half each.
+        let mut indices = std::collections::HashSet::new();
+        for i in 0..800 {
+            let (index, _) = inbox
+                .send_with_slot(i % 2, &pool, Urgency::Now, |index, _| index)
+                .unwrap();
+            assert!(index < 1024 && index != 10 && indices.insert(index));
+        }
+        assert_eq!(pool.capacity(), 1024, "no segment was needed");
     }
 
     #[test]
@@ -641,7 +730,7 @@ mod loom_model {
                 Command::Withdrawn => {}
             }
         }
-        inbox.shrink_pool(pool, freed, 0);
+        inbox.release_segments(pool, freed, 0);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::timeline::{Moves, Timeline, Verdict};
 use super::{Ctx, Machine};
 use crate::timer::Launch;
 use crate::timer::clock::Clock;
+use crate::timer::pool::Pool;
 use crate::timer::shared::Shared;
 use crate::timer::state::{Due, State};
 
@@ -97,8 +98,6 @@ impl Machine for TimerMachine {
         match command {
             Command::Insert { slot, deadline } => {
                 ctx.delta.inserted += 1;
-                self.timeline
-                    .reserve_ids(ctx.shared.pool.capacity() as usize);
                 if self.timeline.contains(slot) {
                     // Re-armed before the wheel got to it: its handle had completed it.
                     ctx.delta.fired += 1;
@@ -107,8 +106,6 @@ impl Machine for TimerMachine {
             }
             Command::InsertJob(job) => {
                 ctx.delta.inserted += 1;
-                self.timeline
-                    .reserve_ids(ctx.shared.pool.capacity() as usize);
                 self.jobs.insert(
                     job.slot,
                     FiledJob {
@@ -249,30 +246,38 @@ impl Machine for TimerMachine {
 
     fn holds_memory(&self, shared: &Shared) -> bool {
         shared.pool.capacity() > RETAINED_SLOTS
-            || self.jobs.capacity() > 64
+            || self.jobs.capacity() > 2 * self.jobs.len() + 64
             || self
                 .freed
                 .iter()
                 .any(|freed| freed.capacity() > RETAINED_SLOTS as usize)
     }
 
+    fn sparse(&self, shared: &Shared) -> bool {
+        // Most of the pool unused: a flood is over but some timers outlive it.
+        let capacity = shared.pool.capacity();
+        capacity > RETAINED_SLOTS && (self.timeline.len() as u64) * 4 < u64::from(capacity)
+    }
+
     fn release_memory(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) -> bool {
-        if self.jobs.capacity() > 64 {
-            self.jobs = HashMap::new();
+        if self.jobs.capacity() > 2 * self.jobs.len() + 64 {
+            self.jobs.shrink_to_fit();
         }
         let mut all = true;
-        if shared.pool.capacity() > RETAINED_SLOTS {
-            match inbox.shrink_pool(&shared.pool, &mut self.freed, RETAINED_SLOTS) {
-                Some(capacity) => {
-                    tracing::debug!(capacity, "idle: timer pool shrunk");
-                    self.timeline
-                        .shrink(capacity as usize, RETAINED_SLOTS as usize);
-                }
-                // A slot is still held (a fired job's handle, a sleep that completed and was
-                // not dropped): the pool can shrink once it comes back.
-                None => all = false,
+        let pool = &shared.pool;
+        if pool.capacity() > RETAINED_SLOTS {
+            let keep = Pool::segments_within(RETAINED_SLOTS);
+            let released = inbox.release_segments(pool, &mut self.freed, keep);
+            if !released.is_empty() {
+                tracing::debug!(capacity = pool.capacity(), "timer pool shrunk");
             }
+            // Segments still held (by long timers, a fired job's handle, a sleep that completed
+            // and was not dropped) can go once their slots come back.
+            all = pool.capacity() <= RETAINED_SLOTS;
         }
+        // The wheel's nodes go by chunk wherever nothing is filed: those of freed segments, and
+        // those of the segments a few long timers keep.
+        self.timeline.release_unfiled();
         for freed in &mut self.freed {
             if freed.is_empty() && freed.capacity() > RETAINED_SLOTS as usize {
                 *freed = Vec::new();

@@ -527,7 +527,7 @@ where
         self.entries.release_if_empty();
         self.index.release_if_empty();
         self.words.release_if_empty();
-        self.timeline.shrink(0, CHUNK);
+        self.timeline.release_ids(0..usize::MAX);
         self.reserved = self.reserved.min(CHUNK);
         true
     }
