@@ -768,6 +768,69 @@ mod loom_model {
         });
     }
 
+    /// Takes a slot for a timer armed at `deadline`, as a sleep's first poll does.
+    fn file(inbox: &Inbox<Command>, pool: &Pool, deadline: u64) -> (u32, u32) {
+        inbox
+            .send_with_slot(0, pool, Urgency::Now, |index, slot| {
+                slot.word.arm(deadline);
+                Command::Insert(index)
+            })
+            .unwrap()
+    }
+
+    /// Gives a slot back, as `Sleep::drop` does: withdrawn if the actor has not taken it,
+    /// else cancelled and released under the shard's lock.
+    fn drop_timer(inbox: &Inbox<Command>, pool: &Pool, (slot, position): (u32, u32)) {
+        let is_it = |command: &Command| *command == Command::Insert(slot);
+        let release = || {
+            pool.get(slot).word.cancel();
+            Command::Release(slot)
+        };
+        inbox.withdraw_or_send(0, position, is_it, slot, release);
+    }
+
+    #[test]
+    fn a_segment_is_freed_while_a_slot_of_another_stays_in_use() {
+        loom::model(|| {
+            let pool = Arc::new(Pool::default());
+            let inbox = Arc::new(Inbox::new(1));
+            // Under loom the first segment holds 2 slots: the third timer, the long one, sits
+            // in the second segment.
+            let short = [file(&inbox, &pool, 5), file(&inbox, &pool, 6)];
+            let long = file(&inbox, &pool, 1_000);
+            assert_eq!(Pool::segment_of(long.0), 1);
+            let mut freed = vec![Vec::new()];
+            // The short timers go while the actor releases segments; the long one's handle
+            // uses its slot meanwhile.
+            let handle = {
+                let (pool, inbox) = (pool.clone(), inbox.clone());
+                thread::spawn(move || {
+                    for timer in short {
+                        drop_timer(&inbox, &pool, timer);
+                    }
+                    pool.get(long.0).word.move_to(2_000, true);
+                })
+            };
+            actor_turn(&inbox, &pool, &mut freed);
+            handle.join().unwrap();
+            actor_turn(&inbox, &pool, &mut freed);
+            // The first segment is gone, the long timer's stays.
+            assert!(!pool.is_allocated(0) && pool.is_allocated(1));
+            // Its handle still reaches its slot, and gives it back while the actor looks.
+            let handle = {
+                let (pool, inbox) = (pool.clone(), inbox.clone());
+                thread::spawn(move || {
+                    assert_eq!(pool.get(long.0).word.deadline(), 2_000);
+                    drop_timer(&inbox, &pool, long);
+                })
+            };
+            actor_turn(&inbox, &pool, &mut freed);
+            handle.join().unwrap();
+            actor_turn(&inbox, &pool, &mut freed);
+            assert_eq!(pool.capacity(), 0);
+        });
+    }
+
     #[test]
     fn a_command_due_before_the_actors_next_look_is_never_missed() {
         loom::model(|| {
