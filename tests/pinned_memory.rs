@@ -171,7 +171,6 @@ fn one_long_timer_does_not_pin_the_memory_of_a_flood() {
 }
 
 #[test]
-#[ignore = "keyed sets still keep a flood's tables while one entry is pending"]
 fn one_long_keyed_entry_does_not_pin_the_memory_of_a_flood() {
     use futures::StreamExt;
 
