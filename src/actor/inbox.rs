@@ -54,9 +54,6 @@ struct Shard<C> {
     notified: bool,
     /// Pool slots this shard may hand out.
     free: Vec<u32>,
-    /// Slots handed out and given back, for the pool's live count.
-    taken: u64,
-    returned: u64,
     /// The actor stopped: sends are refused.
     stopped: bool,
 }
@@ -153,8 +150,6 @@ impl<C> Inbox<C> {
                     commands: VecDeque::new(),
                     notified: false,
                     free: Vec::new(),
-                    taken: 0,
-                    returned: 0,
                     stopped: false,
                 }))
             })
@@ -301,7 +296,6 @@ impl<C> Inbox<C> {
                     *command = C::placeholder();
                 }
                 state.free.push(slot);
-                state.returned += 1;
                 return true;
             }
         }
@@ -334,7 +328,6 @@ impl<C> Inbox<C> {
                 state.free.pop().expect("a segment has slots")
             }
         };
-        state.taken += 1;
         let command = make(index, pool.get(index));
         let (position, notify) = self.push(&mut state, command, urgency);
         drop(state);
@@ -359,7 +352,6 @@ impl<C> Inbox<C> {
                 into.append(&mut state.commands);
             }
             if let Some(freed) = freed.get_mut(shard) {
-                state.returned += freed.len() as u64;
                 state.free.append(freed);
             }
         }
@@ -392,7 +384,6 @@ impl<C> Inbox<C> {
     ) -> Vec<Range<u32>> {
         let mut shards: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
         for (state, freed) in shards.iter_mut().zip(freed.iter_mut()) {
-            state.returned += freed.len() as u64;
             state.free.append(freed);
         }
         // Free slots per segment. An index is in at most one free list, and only once nobody

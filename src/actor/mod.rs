@@ -9,8 +9,10 @@
 //!    fires what is due and yields to the runtime before going on, so a flood of commands
 //!    neither delays firing nor starves other tasks;
 //! 2. fires what is due in batches of [`FIRE_BATCH`], yielding between batches;
-//! 3. publishes its counters and answers barriers; once empty and idle for [`IDLE_GRACE`], it
-//!    gives flood-sized memory back (waking for that once, with no command needed);
+//! 3. publishes its counters and answers barriers; once quiet for [`IDLE_GRACE`] — empty and
+//!    idle, or with the few timers a flood left behind in tables it made large
+//!    ([`Machine::sparse`]) —, it gives flood-sized memory back (waking for that once, with no
+//!    command needed): a long timer keeps only its own bytes;
 //! 4. arms a single `tokio::time::Sleep` at the next wake-up its timeline asks for (it never
 //!    ticks while idle) — or, if the turn took commands, within [`LAZY_BOUND`] (the *lazy
 //!    look*, below) —, tells senders when it will next look at its inbox (so most sends need

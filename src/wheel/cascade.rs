@@ -32,7 +32,7 @@ pub(crate) struct Node {
     tick_high: u32,
     prev: u32,
     next: u32,
-    list: u32,
+    pub(super) list: u32,
 }
 
 impl Node {

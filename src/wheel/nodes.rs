@@ -133,3 +133,26 @@ impl IndexMut<u32> for Nodes {
         &mut self.chunks[chunk].as_mut().expect("a filed id has a node")[offset]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_come_on_demand_and_go_where_nothing_is_filed() {
+        let mut nodes = Nodes::default();
+        assert!(nodes.get(5_000).is_none());
+        nodes.ensure(5_000).list = 7;
+        assert_eq!(nodes.capacity(), CHUNK, "one chunk, not 5 000 nodes");
+        nodes.ensure(10);
+        nodes.ensure(3_000);
+        assert_eq!(nodes.capacity(), 3 * CHUNK);
+        nodes.release_unfiled();
+        assert_eq!(nodes.capacity(), CHUNK, "the filed one's chunk stays");
+        assert_eq!(nodes[5_000].list, 7);
+        nodes[5_000].list = 0;
+        nodes.release(0..usize::MAX);
+        assert_eq!(nodes.capacity(), 0);
+        assert!(nodes.get(5_000).is_none());
+    }
+}

@@ -61,6 +61,8 @@ pub(super) struct Entries<K, V> {
     /// Free ids of allocated chunks, the lowest chunk's last (handed out first).
     pub(super) free: Vec<u32>,
     pub(super) len: usize,
+    /// Chunks allocated.
+    allocated: usize,
 }
 
 impl<K, V> Entries<K, V> {
@@ -69,6 +71,7 @@ impl<K, V> Entries<K, V> {
             chunks: Vec::new(),
             free: Vec::new(),
             len: 0,
+            allocated: 0,
         }
     }
 
@@ -117,6 +120,7 @@ impl<K, V> Entries<K, V> {
             }
         };
         self.chunks[chunk] = Some((0..CHUNK).map(|_| None).collect());
+        self.allocated += 1;
         let first = (chunk * CHUNK) as u32;
         self.free.extend((first + 1..first + CHUNK as u32).rev());
         first
@@ -131,7 +135,7 @@ impl<K, V> Entries<K, V> {
 
     /// Entries the allocated chunks hold.
     pub(super) fn capacity(&self) -> usize {
-        self.chunks.iter().flatten().count() * CHUNK
+        self.allocated * CHUNK
     }
 
     /// Gives every chunk back, once empty.
@@ -150,6 +154,7 @@ impl<K, V> Entries<K, V> {
                 .is_some_and(|entries| entries.iter().all(Option::is_none))
             {
                 *chunk = None;
+                self.allocated -= 1;
             }
         }
         while self.chunks.last().is_some_and(Option::is_none) {
@@ -304,5 +309,45 @@ impl Index {
                 shard.shrink_to_fit(&rehash);
             }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn entry(key: u64) -> Entry<u64, ()> {
+        Entry {
+            key,
+            value: (),
+            due: Due::own(key as i64),
+        }
+    }
+
+    #[test]
+    fn a_live_entry_keeps_only_its_own_chunk_and_ids_refill_lowest_first() {
+        let mut entries = Entries::new();
+        let ids: Vec<u32> = (0..4 * CHUNK as u64)
+            .map(|k| entries.insert(entry(k)))
+            .collect();
+        assert_eq!(entries.capacity(), 4 * CHUNK);
+        let kept = ids[2 * CHUNK + 5];
+        for &id in ids.iter().filter(|&&id| id != kept) {
+            entries.remove(id);
+        }
+        entries.release_unused();
+        assert_eq!(entries.capacity(), CHUNK, "the kept entry's chunk only");
+        assert_eq!(entries.get(kept).key, kept as u64);
+        // The free ids left are the kept chunk's; then a hole below it is allocated first.
+        let refill: Vec<u32> = (0..CHUNK as u64)
+            .map(|k| entries.insert(entry(k)))
+            .collect();
+        assert!(
+            refill[..CHUNK - 1]
+                .iter()
+                .all(|&id| id as usize / CHUNK == 2)
+        );
+        assert_eq!(refill[CHUNK - 1], 0, "the lowest chunk missing");
+        assert_eq!(entries.capacity(), 2 * CHUNK);
     }
 }
