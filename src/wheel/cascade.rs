@@ -7,56 +7,19 @@
 //! meaningful to it, so no second index maps ids to positions.
 
 use std::collections::BTreeMap;
-
 use std::ops::Range;
 
 use super::bitmap::Bitmap;
-use super::nodes::Nodes;
+pub(crate) use super::nodes::NIL;
+use super::nodes::{Node, Nodes, UNFILED};
 
-/// No id: the end of a list.
-pub(crate) const NIL: u32 = u32::MAX;
-
-/// Which list a node is on, packed in a `u32`.
-const UNFILED: u32 = 0;
+/// Which list a node is on, packed in a `u32` (`UNFILED`, 0, is in `nodes`).
 const READY: u32 = 1;
 const OVERFLOW: u32 = 2;
 const PARKED: u32 = 3;
 /// Slot lists: `SLOTS + level * SLOT_STRIDE + slot`.
 const SLOTS: u32 = 4;
 const SLOT_STRIDE: u32 = 1 << 12;
-
-/// One id's position: 20 bytes (the tick is split so the node needs only 4-byte alignment).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Node {
-    tick_low: u32,
-    tick_high: u32,
-    prev: u32,
-    next: u32,
-    pub(super) list: u32,
-}
-
-impl Node {
-    pub(crate) const UNFILED: Node = Node {
-        tick_low: 0,
-        tick_high: 0,
-        prev: NIL,
-        next: NIL,
-        list: UNFILED,
-    };
-
-    pub(crate) fn is_filed(&self) -> bool {
-        self.list != UNFILED
-    }
-
-    fn tick(&self) -> u64 {
-        (u64::from(self.tick_high) << 32) | u64::from(self.tick_low)
-    }
-
-    fn set_tick(&mut self, tick: u64) {
-        self.tick_low = tick as u32;
-        self.tick_high = (tick >> 32) as u32;
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 struct Links {

@@ -12,7 +12,44 @@
 
 use std::ops::{Index, IndexMut, Range};
 
-use super::cascade::Node;
+/// No id: the end of a list.
+pub(crate) const NIL: u32 = u32::MAX;
+/// The list of a node on none.
+pub(super) const UNFILED: u32 = 0;
+
+/// One id's position: 20 bytes (the tick is split so the node needs only 4-byte alignment).
+/// The cascade links nodes into its lists; `list` says which (see `cascade`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Node {
+    tick_low: u32,
+    tick_high: u32,
+    pub(super) prev: u32,
+    pub(super) next: u32,
+    pub(super) list: u32,
+}
+
+impl Node {
+    pub(crate) const UNFILED: Node = Node {
+        tick_low: 0,
+        tick_high: 0,
+        prev: NIL,
+        next: NIL,
+        list: UNFILED,
+    };
+
+    pub(crate) fn is_filed(&self) -> bool {
+        self.list != UNFILED
+    }
+
+    pub(super) fn tick(&self) -> u64 {
+        (u64::from(self.tick_high) << 32) | u64::from(self.tick_low)
+    }
+
+    pub(super) fn set_tick(&mut self, tick: u64) {
+        self.tick_low = tick as u32;
+        self.tick_high = (tick >> 32) as u32;
+    }
+}
 
 /// Ids per chunk: 20 KiB of nodes. Timer-pool segments start and end on multiples of it, so a
 /// pool segment given back frees whole chunks.
