@@ -113,7 +113,7 @@ pub(crate) struct Expiry<K, V> {
 /// its whole entry table over in O(1) and the receiver walks it — so a drain of millions of
 /// keys never stalls the actor or its runtime. Yields `(key, value, deadline offset)`.
 pub(crate) struct Drained<K, V> {
-    chunks: std::vec::IntoIter<Chunk<K, V>>,
+    chunks: std::iter::Flatten<std::vec::IntoIter<Option<Chunk<K, V>>>>,
     current: std::vec::IntoIter<Option<Entry<K, V>>>,
     left: usize,
 }
@@ -126,7 +126,7 @@ impl<K, V> Drained<K, V> {
     fn new(entries: Entries<K, V>) -> Self {
         Drained {
             left: entries.len,
-            chunks: entries.chunks.into_iter(),
+            chunks: entries.chunks.into_iter().flatten(),
             current: Vec::new().into_iter(),
         }
     }
@@ -162,6 +162,9 @@ impl<K, V> Iterator for Drained<K, V> {
         (self.left, Some(self.left))
     }
 }
+
+/// Entry chunks a set with entries pending may keep however sparse they are.
+const RETAINED_CHUNKS: usize = 4;
 
 pub(crate) struct KeyedMachine<K, V> {
     timeline: Timeline,
@@ -315,8 +318,7 @@ where
     fn take_everything(&mut self) -> Drained<K, V> {
         for (id, word) in self.words.drain() {
             let deadline = word.retire();
-            let slot = &mut self.entries.chunks[id as usize / CHUNK][id as usize % CHUNK];
-            slot.as_mut().expect("a live entry").due = Due::own(deadline);
+            self.entries.get_mut(id).due = Due::own(deadline);
         }
         self.index = Index::new();
         self.timeline.forget_all();
@@ -555,16 +557,32 @@ where
     }
 
     fn holds_memory(&self, _shared: &Shared) -> bool {
-        self.entries.high > 0
+        !self.entries.chunks.is_empty()
             || self.words.holds_memory()
             || self.index.shards.iter().any(|shard| shard.capacity() > 0)
     }
 
+    fn sparse(&self, _shared: &Shared) -> bool {
+        // Most of the entry table unused: a flood is over but some entries outlive it.
+        let capacity = self.entries.capacity();
+        capacity > RETAINED_CHUNKS * CHUNK && self.entries.len * 4 < capacity
+    }
+
     fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) -> bool {
-        self.entries.release_if_empty();
-        self.index.release_if_empty();
-        self.words.release_if_empty();
-        self.timeline.shrink(0, CHUNK);
+        if self.entries.len == 0 {
+            self.entries.release_if_empty();
+            self.index.release_if_empty();
+            self.words.release_if_empty();
+            self.timeline.release_ids(0..usize::MAX);
+        } else {
+            // Entries outlive a flood: keep only the chunks and table room they use.
+            self.entries.release_unused();
+            self.words.release_unused();
+            let (entries, hasher) = (&self.entries, &self.hasher);
+            self.index
+                .shrink(|&id| hasher.hash_one(&entries.get(id).key));
+            self.timeline.release_unfiled();
+        }
         self.reserved = self.reserved.min(CHUNK);
         true
     }
