@@ -69,7 +69,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -82,7 +82,6 @@ use crate::actor::Actor;
 use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::keyed::{Delivery, Drained, Expiry, KeyedCommand, KeyedMachine, Target};
-use crate::timer::clock::deadline_after;
 use crate::timer::keyed::{DeadlineWord, Ledger, Moved, Stripe};
 use crate::timer::shared::Shared;
 
@@ -95,6 +94,7 @@ where
     // One shard: commands from every handle apply in the order they were made.
     let inbox = Arc::new(Inbox::new(1));
     let ledger = Arc::new(Ledger::default());
+    let timers = Arc::new(AtomicUsize::new(1));
     // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
     let hasher = foldhash::fast::RandomState::default();
     let (expired_sender, expired) = mpsc::unbounded_channel();
@@ -108,6 +108,7 @@ where
             expired_sender,
             hasher.clone(),
             ledger.clone(),
+            timers.clone(),
         );
         Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
     }
@@ -118,6 +119,7 @@ where
                 inbox,
                 ledger,
                 hasher,
+                timers,
             }),
         },
         Expirations {
@@ -145,6 +147,10 @@ struct Set<K, V> {
     inbox: Arc<Inbox<KeyedCommand<K, V>>>,
     ledger: Arc<Ledger>,
     hasher: foldhash::fast::RandomState,
+    /// How many [`Timers`] clones are alive (shared with the actor). A `KeyedTimer` can only
+    /// act on its own entry, so once this is zero and nothing is filed, the actor stops and
+    /// the stream ends, whatever handles still live (all stale by then).
+    timers: Arc<AtomicUsize>,
 }
 
 impl<K, V> Drop for Set<K, V> {
@@ -180,6 +186,11 @@ impl<K, V> Set<K, V> {
         self.wheel.shared.clock.signed_offset(deadline)
     }
 
+    /// The offset of `after` from now (one clock read, integer arithmetic).
+    fn offset_after(&self, after: Duration) -> i64 {
+        self.wheel.shared.clock.signed_offset_after(after)
+    }
+
     fn instant(&self, offset: i64) -> Instant {
         self.wheel.shared.clock.instant_at(offset)
     }
@@ -192,8 +203,18 @@ fn by(offset: i64) -> Urgency {
 
 impl<K, V> Clone for Timers<K, V> {
     fn clone(&self) -> Self {
+        self.set.timers.fetch_add(1, Ordering::Relaxed);
         Timers {
             set: self.set.clone(),
+        }
+    }
+}
+
+impl<K, V> Drop for Timers<K, V> {
+    fn drop(&mut self) {
+        // Release: the actor, seeing zero, then sees every command this clone sent.
+        if self.set.timers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.set.inbox.nudge();
         }
     }
 }
@@ -223,13 +244,16 @@ where
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
     /// if the key is already set.
     pub fn set(&self, key: K, value: V, after: Duration) {
-        self.set_at(key, value, deadline_after(after));
+        self.set_offset(key, value, self.set.offset_after(after));
     }
 
     /// Inserts `key` with `value`, expiring at `deadline`; replaces the value and deadline if
     /// the key is already set.
     pub fn set_at(&self, key: K, value: V, deadline: Instant) {
-        let deadline = self.set.offset(deadline);
+        self.set_offset(key, value, self.set.offset(deadline));
+    }
+
+    fn set_offset(&self, key: K, value: V, deadline: i64) {
         let stripe = self.stripe(&key);
         let command = KeyedCommand::Set {
             key,
@@ -270,13 +294,16 @@ where
     /// # }
     /// ```
     pub fn insert(&self, key: K, value: V, after: Duration) -> KeyedTimer<K, V> {
-        self.insert_at(key, value, deadline_after(after))
+        self.insert_offset(key, value, self.set.offset_after(after))
     }
 
     /// [`set_at`](Self::set_at) that also returns a [`KeyedTimer`]; see
     /// [`insert`](Self::insert).
     pub fn insert_at(&self, key: K, value: V, deadline: Instant) -> KeyedTimer<K, V> {
-        let deadline = self.set.offset(deadline);
+        self.insert_offset(key, value, self.set.offset(deadline))
+    }
+
+    fn insert_offset(&self, key: K, value: V, deadline: i64) -> KeyedTimer<K, V> {
         let hash = self.hash(&key);
         let word = Arc::new(DeadlineWord::new(deadline));
         let command = KeyedCommand::Insert {
@@ -299,12 +326,15 @@ where
 
     /// Moves `key`'s expiry to `after` from now, earlier or later. No-op if absent.
     pub fn reset(&self, key: &K, after: Duration) {
-        self.reset_at(key, deadline_after(after));
+        self.reset_offset(key, self.set.offset_after(after));
     }
 
     /// Moves `key`'s expiry to `deadline`, earlier or later. No-op if absent.
     pub fn reset_at(&self, key: &K, deadline: Instant) {
-        let deadline = self.set.offset(deadline);
+        self.reset_offset(key, self.set.offset(deadline));
+    }
+
+    fn reset_offset(&self, key: &K, deadline: i64) {
         let command = KeyedCommand::Reset {
             key: key.clone(),
             deadline,
@@ -406,7 +436,12 @@ where
 /// stopped, the handle is stale for good: `reset` and `remove` do nothing, `take` answers
 /// `None`, and [`deadline`](Self::deadline) keeps the deadline the entry had when it went. A
 /// `reset` racing expiry either lands before it (the entry fires at the new deadline) or finds
-/// the entry gone: it fires once, never early.
+/// the entry gone: it fires once, never early. One that returned before the entry's deadline
+/// always lands, even when it had to queue behind a command in flight on the key (the actor
+/// holds such an entry back until it has applied its handle's queued commands).
+///
+/// Handles do not keep the set's [`Expirations`] stream open: once every [`Timers`] clone is
+/// dropped and nothing is pending, it ends (every handle is stale by then).
 ///
 /// `Clone + Send`, and `Sync` when `K` is. Each clone holds its own copy of the key; dropping
 /// the handles leaves the entry set.
@@ -449,7 +484,7 @@ where
     /// Moves the entry's expiry to `after` from now, earlier or later; nothing if the handle
     /// is stale. See [`reset_at`](Self::reset_at).
     pub fn reset(&self, after: Duration) {
-        self.reset_at(deadline_after(after));
+        self.reset_offset(self.set.offset_after(after));
     }
 
     /// Moves the entry's expiry to `deadline`; nothing if the handle is stale.
@@ -461,7 +496,10 @@ where
     /// another) is still in flight: then the move queues behind it, so that it is not undone
     /// by a command made before it.
     pub fn reset_at(&self, deadline: Instant) {
-        let offset = self.set.offset(deadline);
+        self.reset_offset(self.set.offset(deadline));
+    }
+
+    fn reset_offset(&self, offset: i64) {
         let stripe = Ledger::stripe(self.hash);
         if self.word.is_quiet() && self.set.ledger.is_quiet(stripe) {
             if self.word.move_to(offset) == Moved::Earlier {
@@ -573,7 +611,8 @@ impl<K, V> Expired<K, V> {
 /// The stream of keyed expirations; made by [`Wheel::keyed`](crate::Wheel::keyed).
 ///
 /// `Send + Unpin`. Expirations come in deadline order across ticks. The stream ends once every
-/// [`Timers`] clone is dropped and nothing is pending, or after shutdown (once the entries
+/// [`Timers`] clone is dropped and nothing is pending (live [`KeyedTimer`]s, which can only act
+/// on their own entries, do not keep it open), or after shutdown (once the entries
 /// flushed by it, marked [`Expired::is_shutdown`], are read). Dropping it is allowed: the
 /// timers keep working and their expirations are discarded.
 pub struct Expirations<K, V> {

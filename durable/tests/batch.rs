@@ -267,3 +267,41 @@ async fn a_stale_ack_among_batched_acks_is_lease_lost_and_every_ok_deleted() {
     // A second, different finish of an acked delivery is refused too.
     assert_eq!(held[0].retry().await, Err(Error::LeaseLost));
 }
+
+/// A partitioned queue: `schedule_many` splits the batch by partition; every task is stored
+/// and delivered once, and an in-flight id fails alone whichever partition it is in.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_batch_over_partitions_stores_every_task_once() {
+    let Some(f) = fixture(Backend::Redis) else {
+        return;
+    };
+    let queue = f
+        .open_named(DurableQueue::builder().partitions(4), "parts")
+        .await;
+    queue.schedule(Task::new("held").id("held")).await.unwrap();
+    let mut deliveries = queue.deliveries();
+    let held = deliveries.next().await.unwrap();
+    let mut tasks: Vec<Task> = (0..1000)
+        .map(|i| Task::new("x").id(format!("t{i}")))
+        .collect();
+    tasks.insert(500, Task::new("again").id("held"));
+    let answers = queue.schedule_many(tasks).await.unwrap();
+    assert_eq!(answers.len(), 1001);
+    assert_eq!(answers[500], Err(Error::InFlight));
+    assert_eq!(answers.iter().filter(|a| a.is_ok()).count(), 1000);
+    assert_eq!(answers[0], Ok(TaskId::from("t0")));
+    assert_eq!(answers[1000], Ok(TaskId::from("t999")));
+    held.ack().await.unwrap();
+    let mut seen = HashMap::new();
+    while seen.len() < 1000 {
+        let d = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .expect("a delivery within 30 s")
+            .unwrap();
+        *seen.entry(d.id().as_str().to_owned()).or_insert(0) += 1;
+        d.ack().await.unwrap();
+    }
+    assert!(seen.values().all(|&n| n == 1));
+    assert_eq!(queue.len().await.unwrap(), 0);
+}

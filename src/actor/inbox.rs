@@ -23,6 +23,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 
 #[cfg(loom)]
@@ -53,9 +54,6 @@ struct Shard<C> {
     notified: bool,
     /// Pool slots this shard may hand out.
     free: Vec<u32>,
-    /// Slots handed out and given back, for the pool's live count.
-    taken: u64,
-    returned: u64,
     /// The actor stopped: sends are refused.
     stopped: bool,
 }
@@ -72,6 +70,32 @@ pub(crate) enum Urgency {
     /// While commands flow the actor keeps a look armed within that bound (see `actor`'s
     /// "lazy look"), so these wake it only after a quiet spell.
     Lazy,
+}
+
+/// Drops the indices of freed segments from `free` and orders the rest by segment, highest
+/// first, so that `pop` hands out the lowest segment's slots first. A counting sort by
+/// segment: linear in the list, whatever its order.
+fn lowest_segment_last(free: &mut Vec<u32>, pool: &Pool) {
+    let mut counts = vec![0usize; Pool::SEGMENTS + 1];
+    free.retain(|&index| {
+        let segment = Pool::segment_of(index);
+        let live = pool.is_allocated(segment);
+        if live {
+            // Highest segment first: bucket `SEGMENTS - 1 - segment`.
+            counts[Pool::SEGMENTS - segment] += 1;
+        }
+        live
+    });
+    for bucket in 1..counts.len() {
+        counts[bucket] += counts[bucket - 1];
+    }
+    let mut sorted = vec![0u32; free.len()];
+    for &index in free.iter() {
+        let bucket = Pool::SEGMENTS - 1 - Pool::segment_of(index);
+        sorted[counts[bucket]] = index;
+        counts[bucket] += 1;
+    }
+    *free = sorted;
 }
 
 /// How long a command that only gives memory back may wait for the actor's next wake-up.
@@ -126,8 +150,6 @@ impl<C> Inbox<C> {
                     commands: VecDeque::new(),
                     notified: false,
                     free: Vec::new(),
-                    taken: 0,
-                    returned: 0,
                     stopped: false,
                 }))
             })
@@ -274,7 +296,6 @@ impl<C> Inbox<C> {
                     *command = C::placeholder();
                 }
                 state.free.push(slot);
-                state.returned += 1;
                 return true;
             }
         }
@@ -307,7 +328,6 @@ impl<C> Inbox<C> {
                 state.free.pop().expect("a segment has slots")
             }
         };
-        state.taken += 1;
         let command = make(index, pool.get(index));
         let (position, notify) = self.push(&mut state, command, urgency);
         drop(state);
@@ -332,7 +352,6 @@ impl<C> Inbox<C> {
                 into.append(&mut state.commands);
             }
             if let Some(freed) = freed.get_mut(shard) {
-                state.returned += freed.len() as u64;
                 state.free.append(freed);
             }
         }
@@ -354,39 +373,57 @@ impl<C> Inbox<C> {
         }
     }
 
-    /// Frees the pool's segments past what `keep` slots need, if no slot at all is in use:
-    /// every shard is locked meanwhile, so none can be taken. Returns the new capacity.
-    pub(crate) fn shrink_pool(
+    /// Frees every pool segment from `keep` on (by segment number) none of whose slots is in
+    /// use, and orders the free lists lowest segment first (see `timer::pool`). Every shard is
+    /// locked meanwhile, so no slot can be taken. Returns the indices of the segments freed.
+    pub(crate) fn release_segments(
         &self,
         pool: &Pool,
         freed: &mut [Vec<u32>],
-        keep: u32,
-    ) -> Option<u32> {
+        keep: usize,
+    ) -> Vec<Range<u32>> {
         let mut shards: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
         for (state, freed) in shards.iter_mut().zip(freed.iter_mut()) {
-            state.returned += freed.len() as u64;
             state.free.append(freed);
         }
-        let live: u64 = shards.iter().map(|s| s.taken - s.returned).sum();
-        if live != 0 {
-            return None;
+        // Free slots per segment. An index is in at most one free list, and only once nobody
+        // holds it (the protocol of `timer::pool`): a segment with every slot free is unused.
+        let mut free = vec![0u32; Pool::SEGMENTS];
+        for state in &shards {
+            for &index in &state.free {
+                free[Pool::segment_of(index)] += 1;
+            }
         }
-        // SAFETY: no slot is held (every slot taken was given back), and none can be taken
-        // while these locks are held; the free lists are cut to the new capacity below, before
-        // the locks are released.
-        let capacity = unsafe { pool.shrink(Pool::segments_within(keep)) };
+        let mut released = Vec::new();
+        for (segment, &count) in free.iter().enumerate().skip(keep) {
+            if count == Pool::segment_len(segment) {
+                // SAFETY: every index of the segment is in a free list, so no handle holds
+                // one nor can reach the slots (a handle gives an index back only once it no
+                // longer touches the slot), and the actor, which alone puts indices there, no
+                // longer holds them either. None can be taken while these locks are held, and
+                // the indices leave the free lists below, before the locks are released.
+                if let Some(range) = unsafe { pool.release(segment) } {
+                    released.push(range);
+                }
+            }
+        }
         for state in &mut shards {
-            state.free.retain(|&index| index < capacity);
+            lowest_segment_last(&mut state.free, pool);
             if state.free.capacity() > 2 * state.free.len() + 64 {
                 state.free.shrink_to_fit();
             }
         }
-        Some(capacity)
+        released
     }
 
     /// The last sending handle is gone.
     pub(crate) fn close(&self) {
         self.senders_gone.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Wakes the actor to look at its state (no command queued).
+    pub(crate) fn nudge(&self) {
         self.wake.notify_one();
     }
 
@@ -411,194 +448,12 @@ impl<C> Inbox<C> {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    /// Test commands are numbers; 0 is the placeholder.
-    macro_rules! numbers_have_a_placeholder {
-        ($($number:ty),*) => {$(
-            impl Placeholder for $number {
-                fn placeholder() -> Self {
-                    0
-                }
-                fn is_placeholder(&self) -> bool {
-                    *self == 0
-                }
-            }
-        )*};
-    }
-    numbers_have_a_placeholder!(i32, u32);
-
-    #[test]
-    fn placeholders_left_before_a_withdrawn_last_command_go_with_it() {
-        let inbox = Inbox::new(1);
-        let pool = Pool::default();
-        let file = |inbox: &Inbox<i32>| {
-            inbox
-                .send_with_slot(0, &pool, Urgency::Now, |index, _| index as i32 + 100)
-                .unwrap()
-        };
-        let (a, at_a) = file(&inbox);
-        let (b, at_b) = file(&inbox);
-        let (c, at_c) = file(&inbox);
-        assert!(inbox.withdraw_or_send(0, at_a, |&x| x == a as i32 + 100, a, || 9));
-        assert!(inbox.withdraw_or_send(0, at_b, |&x| x == b as i32 + 100, b, || 9));
-        let mut batch = VecDeque::new();
-        assert!(inbox.withdraw_or_send(0, at_c, |&x| x == c as i32 + 100, c, || 9));
-        assert_eq!(
-            inbox.take_all(&mut batch, &mut []),
-            0,
-            "nothing left behind"
-        );
-    }
-
-    #[test]
-    fn take_all_moves_everything_in_order_per_shard() {
-        let inbox = Inbox::new(2);
-        for i in 0..3 {
-            inbox.send(0, i, Urgency::Now).unwrap();
-            inbox.send(1, 10 + i, Urgency::Now).unwrap();
-        }
-        let mut batch = VecDeque::new();
-        assert_eq!(inbox.take_all(&mut batch, &mut []), 6);
-        assert_eq!(batch, [0, 1, 2, 10, 11, 12]);
-        batch.clear();
-        assert_eq!(inbox.take_all(&mut batch, &mut []), 0);
-    }
-
-    #[test]
-    fn a_stopped_inbox_refuses_and_hands_back_the_rest() {
-        let inbox = Inbox::new(1);
-        inbox.send(0, 1, Urgency::Now).unwrap();
-        let mut rest = VecDeque::new();
-        inbox.stop(&mut rest);
-        assert_eq!(rest, [1]);
-        assert_eq!(inbox.send(0, 2, Urgency::Now), Err(2));
-        let pool = Pool::default();
-        assert_eq!(inbox.send_with_slot(0, &pool, Urgency::Now, |_, _| 3), None);
-        assert!(!inbox.withdraw_or_send(0, 0, |_| true, 0, || 5));
-    }
-
-    #[test]
-    fn slots_come_from_the_shard_and_go_back_to_it() {
-        let inbox = Inbox::new(2);
-        let pool = Pool::default();
-        let (a, _) = inbox
-            .send_with_slot(1, &pool, Urgency::Now, |index, _| index)
-            .unwrap();
-        let (b, position) = inbox
-            .send_with_slot(1, &pool, Urgency::Now, |index, _| index)
-            .unwrap();
-        assert_eq!((a, b, position), (0, 1, 1));
-        let mut batch = VecDeque::new();
-        let mut freed = vec![Vec::new(), vec![a, b]];
-        inbox.take_all(&mut batch, &mut freed);
-        assert!(freed[1].is_empty());
-        assert_eq!(
-            inbox.send_with_slot(1, &pool, Urgency::Now, |index, _| index),
-            Some((b, 0))
-        );
-        // One slot is still held: the pool cannot shrink.
-        assert_eq!(inbox.shrink_pool(&pool, &mut freed, 0), None);
-        let mut freed = vec![Vec::new(), vec![b]];
-        assert_eq!(inbox.shrink_pool(&pool, &mut freed, 0), Some(0));
-        assert_eq!(pool.capacity(), 0);
-        assert_eq!(
-            inbox.send_with_slot(0, &pool, Urgency::Now, |index, _| index),
-            Some((0, 0))
-        );
-    }
-
-    #[test]
-    fn a_command_not_yet_taken_can_be_withdrawn() {
-        let inbox = Inbox::new(1);
-        let pool = Pool::default();
-        let (slot, position) = inbox
-            .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
-            .unwrap();
-        inbox.send(0, 7, Urgency::Now).unwrap();
-        assert!(inbox.withdraw_or_send(0, position, |&c| c == slot + 100, slot, || 9));
-        let mut batch = VecDeque::new();
-        inbox.take_all(&mut batch, &mut []);
-        assert_eq!(batch, [0, 7], "replaced in place");
-        let (tail, position) = inbox
-            .send_with_slot(0, &pool, Urgency::Now, |index, _| index + 100)
-            .unwrap();
-        assert!(inbox.withdraw_or_send(0, position, |&c| c == tail + 100, tail, || 9));
-        assert_eq!(
-            inbox.take_all(&mut batch, &mut []),
-            0,
-            "the last one is taken back"
-        );
-        batch.clear();
-        assert!(
-            !inbox.withdraw_or_send(0, position, |_| true, slot, || 9),
-            "taken already: sent instead"
-        );
-        batch.clear();
-        inbox.take_all(&mut batch, &mut []);
-        assert_eq!(batch, [9]);
-        assert_eq!(
-            inbox.send_with_slot(0, &pool, Urgency::Now, |index, _| index),
-            Some((slot, 0)),
-            "the withdrawn slot went straight back to the shard"
-        );
-    }
-
-    #[test]
-    fn a_send_wakes_the_actor_only_when_it_would_look_too_late() {
-        let inbox = Inbox::new(1);
-        let mut batch = VecDeque::new();
-        // The actor looks again at offset 1000, within the lazy bound of now (900).
-        inbox.publish_next_look(Some(1_000), 900);
-        inbox.send(0, 1, Urgency::By(5_000)).unwrap();
-        inbox.send(0, 2, Urgency::Lazy).unwrap();
-        assert!(!inbox.state_notified(0), "it looks by then anyway");
-        inbox.send(0, 3, Urgency::By(999)).unwrap();
-        assert!(inbox.state_notified(0), "earlier than its next look");
-        inbox.take_all(&mut batch, &mut []);
-        assert!(!inbox.state_notified(0), "taking clears it");
-        // Far from now: lazy commands notify, once.
-        inbox.publish_next_look(None, 0);
-        inbox.send(0, 4, Urgency::Lazy).unwrap();
-        assert!(inbox.state_notified(0));
-        inbox.take_all(&mut batch, &mut []);
-        inbox.send(0, 5, Urgency::Now).unwrap();
-        assert!(inbox.state_notified(0), "a question always notifies");
-        assert!(inbox.has_pending());
-        inbox.take_all(&mut batch, &mut []);
-        assert!(!inbox.has_pending());
-    }
-
-    #[tokio::test]
-    async fn the_first_send_into_an_empty_shard_wakes_the_actor() {
-        let inbox = std::sync::Arc::new(Inbox::new(1));
-        let waiter = tokio::spawn({
-            let inbox = inbox.clone();
-            async move {
-                inbox.wait().await;
-                let mut batch = VecDeque::new();
-                inbox.take_all(&mut batch, &mut []);
-                batch
-            }
-        });
-        tokio::task::yield_now().await;
-        inbox.send(0, 7, Urgency::Now).unwrap();
-        assert_eq!(waiter.await.unwrap(), [7]);
-    }
-
-    #[test]
-    fn close_is_seen() {
-        let inbox = Inbox::<u8>::new(1);
-        assert!(!inbox.senders_gone());
-        inbox.close();
-        assert!(inbox.senders_gone());
-    }
-}
+mod tests;
 
 /// Model check of the slot protocol (see `timer::pool`): a handle takes a slot, uses it, and
 /// withdraws or releases it, while the actor takes commands, touches the slots it has filed,
-/// gives released ones back and shrinks the pool when none is in use. Under loom the pool
+/// gives released ones back and frees every segment none of whose slots is in use (while a
+/// slot of another segment may still be in use). Under loom the pool
 /// models each segment's memory as a cell, so any slot access not ordered before the segment
 /// is freed is reported. Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib
 /// loom_model`.
@@ -641,7 +496,7 @@ mod loom_model {
                 Command::Withdrawn => {}
             }
         }
-        inbox.shrink_pool(pool, freed, 0);
+        inbox.release_segments(pool, freed, 0);
     }
 
     #[test]
@@ -675,6 +530,69 @@ mod loom_model {
             handle.join().unwrap();
             actor_turn(&inbox, &pool, &mut freed);
             // Everything was given back: the pool shrank to nothing.
+            assert_eq!(pool.capacity(), 0);
+        });
+    }
+
+    /// Takes a slot for a timer armed at `deadline`, as a sleep's first poll does.
+    fn file(inbox: &Inbox<Command>, pool: &Pool, deadline: u64) -> (u32, u32) {
+        inbox
+            .send_with_slot(0, pool, Urgency::Now, |index, slot| {
+                slot.word.arm(deadline);
+                Command::Insert(index)
+            })
+            .unwrap()
+    }
+
+    /// Gives a slot back, as `Sleep::drop` does: withdrawn if the actor has not taken it,
+    /// else cancelled and released under the shard's lock.
+    fn drop_timer(inbox: &Inbox<Command>, pool: &Pool, (slot, position): (u32, u32)) {
+        let is_it = |command: &Command| *command == Command::Insert(slot);
+        let release = || {
+            pool.get(slot).word.cancel();
+            Command::Release(slot)
+        };
+        inbox.withdraw_or_send(0, position, is_it, slot, release);
+    }
+
+    #[test]
+    fn a_segment_is_freed_while_a_slot_of_another_stays_in_use() {
+        loom::model(|| {
+            let pool = Arc::new(Pool::default());
+            let inbox = Arc::new(Inbox::new(1));
+            // Under loom the first segment holds 2 slots: the third timer, the long one, sits
+            // in the second segment.
+            let short = [file(&inbox, &pool, 5), file(&inbox, &pool, 6)];
+            let long = file(&inbox, &pool, 1_000);
+            assert_eq!(Pool::segment_of(long.0), 1);
+            let mut freed = vec![Vec::new()];
+            // The short timers go while the actor releases segments; the long one's handle
+            // uses its slot meanwhile.
+            let handle = {
+                let (pool, inbox) = (pool.clone(), inbox.clone());
+                thread::spawn(move || {
+                    for timer in short {
+                        drop_timer(&inbox, &pool, timer);
+                    }
+                    pool.get(long.0).word.move_to(2_000, true);
+                })
+            };
+            actor_turn(&inbox, &pool, &mut freed);
+            handle.join().unwrap();
+            actor_turn(&inbox, &pool, &mut freed);
+            // The first segment is gone, the long timer's stays.
+            assert!(!pool.is_allocated(0) && pool.is_allocated(1));
+            // Its handle still reaches its slot, and gives it back while the actor looks.
+            let handle = {
+                let (pool, inbox) = (pool.clone(), inbox.clone());
+                thread::spawn(move || {
+                    assert_eq!(pool.get(long.0).word.deadline(), 2_000);
+                    drop_timer(&inbox, &pool, long);
+                })
+            };
+            actor_turn(&inbox, &pool, &mut freed);
+            handle.join().unwrap();
+            actor_turn(&inbox, &pool, &mut freed);
             assert_eq!(pool.capacity(), 0);
         });
     }

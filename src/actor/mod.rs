@@ -9,8 +9,10 @@
 //!    fires what is due and yields to the runtime before going on, so a flood of commands
 //!    neither delays firing nor starves other tasks;
 //! 2. fires what is due in batches of [`FIRE_BATCH`], yielding between batches;
-//! 3. publishes its counters and answers barriers; once empty and idle for [`IDLE_GRACE`], it
-//!    gives flood-sized memory back (waking for that once, with no command needed);
+//! 3. publishes its counters and answers barriers; once quiet for [`IDLE_GRACE`] — empty and
+//!    idle, or with the few timers a flood left behind in tables it made large
+//!    ([`Machine::sparse`]) —, it gives flood-sized memory back (waking for that once, with no
+//!    command needed): a long timer keeps only its own bytes;
 //! 4. arms a single `tokio::time::Sleep` at the next wake-up its timeline asks for (it never
 //!    ticks while idle) — or, if the turn took commands, within [`LAZY_BOUND`] (the *lazy
 //!    look*, below) —, tells senders when it will next look at its inbox (so most sends need
@@ -131,6 +133,12 @@ pub(crate) trait Machine: Send + 'static {
         false
     }
 
+    /// Whether no handle left can file anything new (some may still act on what is filed):
+    /// with nothing filed, the actor may then stop although such handles live.
+    fn cannot_grow(&self) -> bool {
+        false
+    }
+
     /// Pool slots released since the last take, per inbox shard, to give back to the shards.
     fn freed(&mut self) -> &mut [Vec<u32>] {
         &mut []
@@ -144,7 +152,17 @@ pub(crate) trait Machine: Send + 'static {
     /// Whether the machine holds memory beyond what an idle machine keeps.
     fn holds_memory(&self, shared: &Shared) -> bool;
 
-    /// The machine has been empty and idle for [`IDLE_GRACE`]: give flood-sized memory back.
+    /// Whether, with timers still filed, most of what the machine holds is unused (a flood is
+    /// over but a few long timers outlive it): worth giving memory back as when empty. Cheap:
+    /// asked after every turn that leaves timers filed.
+    fn sparse(&self, _shared: &Shared) -> bool {
+        false
+    }
+
+    /// The machine has been quiet for [`IDLE_GRACE`] — empty and idle, or [sparse] — : give
+    /// flood-sized memory back.
+    ///
+    /// [sparse]: Machine::sparse
     /// Returns `false` if some of it is held by timers still in use (slots of fired jobs
     /// whose handles are alive, say): worth another try once they come back.
     fn release_memory(&mut self, inbox: &Inbox<Self::Command>, shared: &Arc<Shared>) -> bool;
@@ -220,8 +238,12 @@ impl<M: Machine> Actor<M> {
             self.delta.wakeups += 1;
             let (took, worked) = self.turn().await;
             self.publish();
-            if self.inbox.senders_gone() && (self.machine.len() == 0 || self.machine.abandoned()) {
-                // Senders close after their last send: one more look makes sure it is applied.
+            let idle = self.machine.len() == 0;
+            if (self.inbox.senders_gone() && (idle || self.machine.abandoned()))
+                || (idle && self.machine.cannot_grow())
+            {
+                // Senders close (or stop counting) after their last send: one more look makes
+                // sure it is applied.
                 if self.take() == 0 {
                     tracing::debug!("no handle left and nothing pending: actor exits");
                     break Exit::Quiet;
@@ -396,18 +418,21 @@ impl<M: Machine> Actor<M> {
         self.reported_pending = pending;
         self.reported_moves = moves;
         let idle = pending == 0 && self.batch.is_empty();
-        if idle && self.release_blocked && self.machine.freed().iter().any(|f| !f.is_empty()) {
+        // Quiet: empty and idle, or with a few timers left in a pool a flood made large. The
+        // memory release then runs as if idle, for the memory those timers do not use.
+        let quiet = idle || (self.batch.is_empty() && self.machine.sparse(&self.shared));
+        if quiet && self.release_blocked && self.machine.freed().iter().any(|f| !f.is_empty()) {
             // Slots the last release found in use are coming back: try again once the
-            // machine has been idle for another grace period.
+            // machine has been quiet for another grace period.
             self.release_blocked = false;
             self.idle_since = None;
         }
-        // Looked at only when idle: `holds_memory` locks every inbox shard.
-        let holds = idle
+        // Looked at only when quiet: `holds_memory` locks every inbox shard.
+        let holds = quiet
             && self.idle_since != Some(u64::MAX)
             && (self.batch.capacity() > RETAINED_BATCH
-                || self.inbox.holds_memory()
-                || self.machine.holds_memory(&self.shared));
+                || self.machine.holds_memory(&self.shared)
+                || self.inbox.holds_memory());
         if holds {
             let now = self.shared.clock.now();
             let since = *self.idle_since.get_or_insert(now);
@@ -418,7 +443,7 @@ impl<M: Machine> Actor<M> {
                 // until the next burst, or until those timers give their slots back.
                 self.idle_since = Some(u64::MAX);
             }
-        } else if pending > 0 || !self.batch.is_empty() {
+        } else if !quiet {
             self.idle_since = None;
             self.release_blocked = false;
         }

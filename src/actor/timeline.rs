@@ -120,9 +120,14 @@ impl Timeline {
         self.cascade.drain().map(|(id, _)| id)
     }
 
-    /// Shrinks the id table to ids below `ids` once they are all unfiled.
-    pub(crate) fn shrink(&mut self, ids: usize, keep: usize) {
-        self.cascade.shrink(ids, keep);
+    /// Gives back the node storage of every range of ids with nothing filed.
+    pub(crate) fn release_unfiled(&mut self) {
+        self.cascade.release_unfiled();
+    }
+
+    /// Gives back the node storage of the ids in `ids`, which must all be unfiled.
+    pub(crate) fn release_ids(&mut self, ids: std::ops::Range<usize>) {
+        self.cascade.release(ids);
     }
 
     /// The offset the actor should next wake at, if anything is filed: the earliest exact

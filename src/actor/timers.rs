@@ -6,6 +6,12 @@
 //! shared word only when the timer comes due (to fire it, or to find it postponed) or when the
 //! wheel stops. A slot goes back to its shard's free list once its handle has released it and
 //! the wheel no longer holds it.
+//!
+//! Memory: after a flood the pool gives back every segment none of whose slots is in use, and
+//! the wheel every chunk of nodes with nothing filed (see `timer::pool`), as soon as the actor
+//! has been quiet for the idle grace with the pool at least four times what is filed — not
+//! only once it is empty, so an hour-long timer made among a million short ones holds its own
+//! segment (at most 4 MiB) rather than the flood's 56 MiB.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +23,7 @@ use super::timeline::{Moves, Timeline, Verdict};
 use super::{Ctx, Machine};
 use crate::timer::Launch;
 use crate::timer::clock::Clock;
+use crate::timer::pool::Pool;
 use crate::timer::shared::Shared;
 use crate::timer::state::{Due, State};
 
@@ -69,6 +76,11 @@ pub(crate) struct TimerMachine {
     jobs: HashMap<u32, FiledJob>,
     /// Slots to give back, per inbox shard.
     freed: Vec<Vec<u32>>,
+    /// Slots given back so far, and how many had been when a memory release last found
+    /// segments still in use: the next pass waits until enough more come back to be worth its
+    /// linear cost (a busy wheel returns slots all the time).
+    returned: u64,
+    blocked_at: Option<u64>,
     flushes: Vec<oneshot::Sender<()>>,
     /// Timers still to resolve while the wheel stops.
     stopping: Vec<u32>,
@@ -80,14 +92,17 @@ impl TimerMachine {
             timeline: Timeline::new(levels, clock),
             jobs: HashMap::new(),
             freed: vec![Vec::new(); shards],
+            returned: 0,
+            blocked_at: None,
             flushes: Vec::new(),
             stopping: Vec::new(),
         }
     }
 }
 
-fn free(freed: &mut [Vec<u32>], slot: u32, shard: u32) {
+fn free(freed: &mut [Vec<u32>], returned: &mut u64, slot: u32, shard: u32) {
     freed[shard as usize].push(slot);
+    *returned += 1;
 }
 
 impl Machine for TimerMachine {
@@ -97,8 +112,6 @@ impl Machine for TimerMachine {
         match command {
             Command::Insert { slot, deadline } => {
                 ctx.delta.inserted += 1;
-                self.timeline
-                    .reserve_ids(ctx.shared.pool.capacity() as usize);
                 if self.timeline.contains(slot) {
                     // Re-armed before the wheel got to it: its handle had completed it.
                     ctx.delta.fired += 1;
@@ -107,8 +120,6 @@ impl Machine for TimerMachine {
             }
             Command::InsertJob(job) => {
                 ctx.delta.inserted += 1;
-                self.timeline
-                    .reserve_ids(ctx.shared.pool.capacity() as usize);
                 self.jobs.insert(
                     job.slot,
                     FiledJob {
@@ -131,7 +142,7 @@ impl Machine for TimerMachine {
                         ..
                     }) = self.jobs.remove(&slot)
                     {
-                        free(&mut self.freed, slot, shard);
+                        free(&mut self.freed, &mut self.returned, slot, shard);
                     }
                 }
             }
@@ -147,7 +158,7 @@ impl Machine for TimerMachine {
                         _ => ctx.delta.cancelled += 1,
                     }
                 }
-                free(&mut self.freed, slot, shard);
+                free(&mut self.freed, &mut self.returned, slot, shard);
             }
             Command::Flush(reply) => self.flushes.push(reply),
             Command::Withdrawn => {}
@@ -159,6 +170,7 @@ impl Machine for TimerMachine {
             timeline,
             jobs,
             freed,
+            returned,
             ..
         } = self;
         let shared = ctx.shared;
@@ -172,7 +184,7 @@ impl Machine for TimerMachine {
                         Some(job) => {
                             job.launch.launch(shared);
                             if let Some(shard) = job.released {
-                                free(freed, id, shard);
+                                free(freed, returned, id, shard);
                             }
                         }
                         None => slot.waker.wake(),
@@ -191,7 +203,7 @@ impl Machine for TimerMachine {
                         ..
                     }) = jobs.remove(&id)
                     {
-                        free(freed, id, shard);
+                        free(freed, returned, id, shard);
                     }
                     Verdict::Done
                 }
@@ -248,31 +260,45 @@ impl Machine for TimerMachine {
     }
 
     fn holds_memory(&self, shared: &Shared) -> bool {
-        shared.pool.capacity() > RETAINED_SLOTS
-            || self.jobs.capacity() > 64
+        // Empty, any slot back may free a segment; with timers filed, wait for a few more.
+        let worth_a_pass = self.timeline.len() == 0
+            || self
+                .blocked_at
+                .is_none_or(|at| self.returned - at >= u64::from(RETAINED_SLOTS));
+        (shared.pool.capacity() > RETAINED_SLOTS && worth_a_pass)
+            || self.jobs.capacity() > 2 * self.jobs.len() + 64
             || self
                 .freed
                 .iter()
                 .any(|freed| freed.capacity() > RETAINED_SLOTS as usize)
     }
 
+    fn sparse(&self, shared: &Shared) -> bool {
+        // Most of the pool unused: a flood is over but some timers outlive it.
+        let capacity = shared.pool.capacity();
+        capacity > RETAINED_SLOTS && (self.timeline.len() as u64) * 4 < u64::from(capacity)
+    }
+
     fn release_memory(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) -> bool {
-        if self.jobs.capacity() > 64 {
-            self.jobs = HashMap::new();
+        if self.jobs.capacity() > 2 * self.jobs.len() + 64 {
+            self.jobs.shrink_to_fit();
         }
         let mut all = true;
-        if shared.pool.capacity() > RETAINED_SLOTS {
-            match inbox.shrink_pool(&shared.pool, &mut self.freed, RETAINED_SLOTS) {
-                Some(capacity) => {
-                    tracing::debug!(capacity, "idle: timer pool shrunk");
-                    self.timeline
-                        .shrink(capacity as usize, RETAINED_SLOTS as usize);
-                }
-                // A slot is still held (a fired job's handle, a sleep that completed and was
-                // not dropped): the pool can shrink once it comes back.
-                None => all = false,
+        let pool = &shared.pool;
+        if pool.capacity() > RETAINED_SLOTS {
+            let keep = Pool::segments_within(RETAINED_SLOTS);
+            let released = inbox.release_segments(pool, &mut self.freed, keep);
+            if !released.is_empty() {
+                tracing::debug!(capacity = pool.capacity(), "timer pool shrunk");
             }
+            // Segments still held (by long timers, a fired job's handle, a sleep that completed
+            // and was not dropped) can go once their slots come back.
+            all = pool.capacity() <= RETAINED_SLOTS;
+            self.blocked_at = (!all).then_some(self.returned);
         }
+        // The wheel's nodes go by chunk wherever nothing is filed: those of freed segments, and
+        // those of the segments a few long timers keep.
+        self.timeline.release_unfiled();
         for freed in &mut self.freed {
             if freed.is_empty() && freed.capacity() > RETAINED_SLOTS as usize {
                 *freed = Vec::new();

@@ -69,6 +69,14 @@ impl Clock {
         }
     }
 
+    /// The signed offset of `after` from now: [`signed_offset`](Self::signed_offset) of
+    /// `now + after`, saturating at [`NEVER`] as a far-future instant does, in integer
+    /// arithmetic (one clock read; no `Instant` sum to build and take apart again).
+    pub(crate) fn signed_offset_after(&self, after: Duration) -> i64 {
+        let now = i128::from(self.signed_offset(Instant::now()));
+        (now + after.as_nanos().min(u128::from(NEVER)) as i128).min(i128::from(NEVER)) as i64
+    }
+
     /// The offset of now; always short of [`NEVER`].
     pub(crate) fn now(&self) -> u64 {
         self.offset(Instant::now()).min(NEVER - 1)
@@ -141,6 +149,29 @@ fn far_future(from: Instant) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_offset_after_now_is_the_offset_of_the_instant() {
+        let origin = Instant::now();
+        let clock = Clock::new(origin, Duration::from_millis(1));
+        tokio::time::advance(Duration::from_millis(3)).await;
+        for after in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_secs(30),
+            Duration::from_secs(86_400 * 365 * 80),
+            Duration::MAX,
+        ] {
+            let via_instant = clock.signed_offset(deadline_after(after));
+            assert_eq!(clock.signed_offset_after(after), via_instant, "{after:?}");
+        }
+        // Before the origin (a clock behind the wheel's): exact and negative.
+        let early = Clock::new(origin + Duration::from_secs(10), Duration::from_millis(1));
+        assert_eq!(
+            early.signed_offset_after(Duration::from_secs(1)),
+            early.signed_offset(deadline_after(Duration::from_secs(1)))
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn deadlines_round_up_and_now_rounds_down() {

@@ -18,6 +18,14 @@
 //! sent and applied per stripe of key hashes (by-key senders cannot find the word). A handle
 //! whose word and stripe have nothing in flight stores; otherwise it sends its move as a
 //! command, behind the others.
+//!
+//! Such a queued move must still win against an expiry it raced, if it returned before the
+//! deadline: an actor's turn takes its inbox and only then reads the clock to fire, so a move
+//! queued in between would be missed by a firing that the clock says is due. So the actor
+//! never fires an entry whose word counts a command in flight: it looks again once its next
+//! turn has taken that command (at most a turn late, and only while they race). The count is
+//! raised before the command is queued, so an actor that read it as zero read it before the
+//! handle sent — before the handle's `reset` returned.
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -14,9 +14,30 @@
 //!   it.
 //!
 //! The slots live in segments that double in size (1024, 2048, … up to 131 072 slots, then
-//! stay that size), each allocated once and never moved, so a handle reaches its slot with one atomic load and no lock. After a
-//! flood, when no slot at all is in use (every shard's lock held, so none can be taken), the
-//! actor frees the segments beyond the first few: memory returns to its baseline.
+//! stay that size), each allocated once and never moved, so a handle reaches its slot with one
+//! atomic load and no lock.
+//!
+//! # Giving memory back per segment
+//!
+//! A segment is freed as soon as none of its slots is in use, whatever the other segments hold:
+//! after a flood, a few long-lived timers keep only the segments they sit in (at most 4 MiB
+//! each), not the whole pool. Once the actor has been quiet for a moment with the pool much
+//! larger than what it has filed, it locks every inbox shard (so no slot can be taken) and
+//! counts, per segment, the free indices in the shards' free lists: a segment whose every
+//! slot is free is held by nobody — the protocol above puts an index in a free list only once
+//! both its handle and the wheel are done with it, and a handle never touches a slot it gave
+//! back. The segment is freed and its indices leave the free lists before the locks are
+//! released, so no handle can obtain an index into it until [`Pool::grow`] allocates it again.
+//! The remaining free lists are reordered lowest segment first (a counting sort by segment,
+//! linear): new timers then fill the low segments and a busy wheel's high ones empty out for
+//! the next pass. `grow` always allocates the lowest segment missing.
+//!
+//! Rejected: relocatable slots (a handle would reach its slot through an indirection the actor
+//! can rewrite: one more load, and a hand-off, on every handle operation), and a live count per
+//! segment (one more shared write on every take and release). Counting at release time costs
+//! the hot path nothing: a handle still takes and releases a slot under its shard's lock, and
+//! `reset` later is one atomic store on the slot's word. The pass is linear in the free slots
+//! and runs only when the pool is mostly unused, at most once per idle grace period.
 
 use std::ops::Range;
 
@@ -99,10 +120,10 @@ fn locate(index: u32) -> (usize, usize) {
 pub(crate) struct Pool {
     /// Segment `k` is null or a leaked `Box<[Slot]>` of `segment_len(k)` slots.
     segments: [AtomicPtr<Slot>; SEGMENTS],
-    /// Segments allocated; grows and shrinks under `resize`.
+    /// Slots allocated (over every segment); changes under `resize`.
     allocated: AtomicU32,
     resize: Mutex<()>,
-    /// Under loom, each segment's memory is modelled by a cell that `get` reads and `shrink`
+    /// Under loom, each segment's memory is modelled by a cell that `get` reads and `release`
     /// writes: loom reports any access to a segment not ordered with its release.
     #[cfg(loom)]
     memory: [loom::cell::UnsafeCell<bool>; SEGMENTS],
@@ -138,64 +159,85 @@ impl Pool {
         );
         // SAFETY: `base` came from `Box::<[Slot]>::into_raw` of `segment_len(segment)` slots
         // (see `grow`) and `offset < segment_len(segment)` by `locate`. The segment is freed
-        // only by `shrink`, whose caller guarantees that no index in it is held by anyone, and
+        // only by `release`, whose caller guarantees that no index in it is held by anyone, and
         // the caller of `get` holds `index`: the segment outlives this borrow.
         unsafe { &*base.add(offset) }
     }
 
     /// Slots allocated.
     pub(crate) fn capacity(&self) -> u32 {
-        let segments = self.allocated.load(Ordering::Acquire) as usize;
-        segment_start(segments)
+        self.allocated.load(Ordering::Acquire)
     }
 
-    /// Allocates the next segment and returns its indices.
+    /// Allocates the lowest segment missing and returns its indices.
     ///
     /// # Panics
     ///
     /// With [`MAX_SLOTS`] timers pending at once in one wheel (8 GiB of slots alone).
     pub(crate) fn grow(&self) -> Range<u32> {
         let _resize = self.resize.lock().unwrap_or_else(|e| e.into_inner());
-        let segment = self.allocated.load(Ordering::Acquire) as usize;
-        assert!(
-            segment < SEGMENTS,
-            "tokio-wheel: more than {MAX_SLOTS} timers pending at once in one wheel"
-        );
+        let segment = (0..SEGMENTS)
+            .find(|&k| self.segments[k].load(Ordering::Acquire).is_null())
+            .unwrap_or_else(|| {
+                panic!("tokio-wheel: more than {MAX_SLOTS} timers pending at once in one wheel")
+            });
         let slots: Box<[Slot]> = (0..segment_len(segment)).map(|_| Slot::default()).collect();
         #[cfg(loom)]
         // SAFETY: a loom cell, written under `resize`.
         self.memory[segment].with_mut(|live| unsafe { *live = true });
         self.segments[segment].store(Box::into_raw(slots).cast::<Slot>(), Ordering::Release);
-        self.allocated.store(segment as u32 + 1, Ordering::Release);
+        let len = segment_len(segment) as u32;
+        let allocated = self.allocated.load(Ordering::Acquire);
+        self.allocated.store(allocated + len, Ordering::Release);
         let start = segment_start(segment);
-        start..start + segment_len(segment) as u32
+        start..start + len
     }
 
-    /// Frees every segment past the first `keep`, returning the new capacity.
+    /// Frees segment `segment`, if allocated, and returns its indices.
     ///
     /// # Safety
     ///
-    /// No index at or past the new capacity may be held (by a handle or the actor) or be
-    /// obtainable (in any free list) during or after this call, until `grow` hands it out
-    /// again.
-    pub(crate) unsafe fn shrink(&self, keep: usize) -> u32 {
+    /// No index of the segment may be held (by a handle or the actor) or be obtainable (in any
+    /// free list) during or after this call, until `grow` hands the segment out again.
+    pub(crate) unsafe fn release(&self, segment: usize) -> Option<Range<u32>> {
         let _resize = self.resize.lock().unwrap_or_else(|e| e.into_inner());
-        let allocated = self.allocated.load(Ordering::Acquire) as usize;
-        for segment in keep..allocated {
-            let base = self.segments[segment].swap(std::ptr::null_mut(), Ordering::AcqRel);
-            #[cfg(loom)]
-            // SAFETY: a loom cell; loom reports a `get` this write is not ordered with.
-            self.memory[segment].with_mut(|live| unsafe { *live = false });
-            let slots = std::ptr::slice_from_raw_parts_mut(base, segment_len(segment));
-            // SAFETY: `base` came from `Box::<[Slot]>::into_raw` with this length in `grow`,
-            // it was swapped out so it is freed once, and the caller guarantees nobody holds
-            // or can obtain an index in it.
-            drop(unsafe { Box::from_raw(slots) });
+        let base = self.segments[segment].swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if base.is_null() {
+            return None;
         }
-        let kept = keep.min(allocated);
-        self.allocated.store(kept as u32, Ordering::Release);
-        segment_start(kept)
+        #[cfg(loom)]
+        // SAFETY: a loom cell; loom reports a `get` this write is not ordered with.
+        self.memory[segment].with_mut(|live| unsafe { *live = false });
+        let len = segment_len(segment);
+        let slots = std::ptr::slice_from_raw_parts_mut(base, len);
+        // SAFETY: `base` came from `Box::<[Slot]>::into_raw` with this length in `grow`, it was
+        // swapped out so it is freed once, and the caller guarantees nobody holds or can
+        // obtain an index in it.
+        drop(unsafe { Box::from_raw(slots) });
+        let allocated = self.allocated.load(Ordering::Acquire);
+        self.allocated
+            .store(allocated - len as u32, Ordering::Release);
+        let start = segment_start(segment);
+        Some(start..start + len as u32)
     }
+
+    /// Whether segment `segment` is allocated.
+    pub(crate) fn is_allocated(&self, segment: usize) -> bool {
+        !self.segments[segment].load(Ordering::Acquire).is_null()
+    }
+
+    /// The segment holding slot `index`.
+    pub(crate) fn segment_of(index: u32) -> usize {
+        locate(index).0
+    }
+
+    /// Slots in segment `segment`.
+    pub(crate) fn segment_len(segment: usize) -> u32 {
+        segment_len(segment) as u32
+    }
+
+    /// How many segments there can be.
+    pub(crate) const SEGMENTS: usize = SEGMENTS;
 
     /// How many segments hold at most `slots` slots.
     pub(crate) fn segments_within(slots: u32) -> usize {
@@ -212,8 +254,10 @@ unsafe impl Sync for Pool {}
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        // SAFETY: `&mut self`: nobody else can hold an index.
-        unsafe { self.shrink(0) };
+        for segment in 0..SEGMENTS {
+            // SAFETY: `&mut self`: nobody else can hold an index.
+            unsafe { self.release(segment) };
+        }
     }
 }
 
@@ -247,23 +291,29 @@ mod tests {
     }
 
     #[test]
-    fn grow_hands_out_each_segment_and_shrink_frees_them() {
+    fn segments_are_freed_one_by_one_and_regrown_lowest_first() {
         let pool = Pool::default();
         assert_eq!(pool.grow(), 0..1024);
         assert_eq!(pool.grow(), 1024..3072);
-        assert_eq!(pool.capacity(), 3072);
-        pool.get(3000).word.arm(7);
-        assert_eq!(pool.get(3000).word.deadline(), 7);
+        assert_eq!(pool.grow(), 3072..7168);
+        assert_eq!(pool.capacity(), 7168);
+        pool.get(5000).word.arm(7);
         assert_eq!(Pool::segments_within(1024), 1);
         assert_eq!(Pool::segments_within(5000), 2);
-        // SAFETY: no index is held.
-        assert_eq!(unsafe { pool.shrink(1) }, 1024);
-        assert_eq!(pool.capacity(), 1024);
-        assert_eq!(pool.grow(), 1024..3072);
+        assert_eq!(Pool::segment_of(5000), 2);
+        // SAFETY: no index of segment 1 is held.
+        assert_eq!(unsafe { pool.release(1) }, Some(1024..3072));
+        // SAFETY: as above; already freed.
+        assert_eq!(unsafe { pool.release(1) }, None);
+        assert!(!pool.is_allocated(1) && pool.is_allocated(2));
+        assert_eq!(pool.capacity(), 1024 + 4096);
+        assert_eq!(pool.get(5000).word.deadline(), 7, "the others stay put");
+        assert_eq!(pool.grow(), 1024..3072, "the hole first");
         assert_eq!(
             pool.get(3000).word.deadline(),
             0,
             "a regrown segment is fresh"
         );
+        assert_eq!(pool.grow(), 7168..15360);
     }
 }

@@ -7,49 +7,19 @@
 //! meaningful to it, so no second index maps ids to positions.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use super::bitmap::Bitmap;
+pub(crate) use super::nodes::NIL;
+use super::nodes::{Node, Nodes, UNFILED};
 
-/// No id: the end of a list.
-pub(crate) const NIL: u32 = u32::MAX;
-
-/// Which list a node is on, packed in a `u32`.
-const UNFILED: u32 = 0;
+/// Which list a node is on, packed in a `u32` (`UNFILED`, 0, is in `nodes`).
 const READY: u32 = 1;
 const OVERFLOW: u32 = 2;
 const PARKED: u32 = 3;
 /// Slot lists: `SLOTS + level * SLOT_STRIDE + slot`.
 const SLOTS: u32 = 4;
 const SLOT_STRIDE: u32 = 1 << 12;
-
-/// One id's position: 20 bytes (the tick is split so the node needs only 4-byte alignment).
-#[derive(Debug, Clone, Copy)]
-struct Node {
-    tick_low: u32,
-    tick_high: u32,
-    prev: u32,
-    next: u32,
-    list: u32,
-}
-
-impl Node {
-    const UNFILED: Node = Node {
-        tick_low: 0,
-        tick_high: 0,
-        prev: NIL,
-        next: NIL,
-        list: UNFILED,
-    };
-
-    fn tick(&self) -> u64 {
-        (u64::from(self.tick_high) << 32) | u64::from(self.tick_low)
-    }
-
-    fn set_tick(&mut self, tick: u64) {
-        self.tick_low = tick as u32;
-        self.tick_high = (tick >> 32) as u32;
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 struct Links {
@@ -80,7 +50,7 @@ struct Level {
 /// The hierarchical wheel over ids. See the [module documentation](super) for the algorithm.
 #[derive(Debug)]
 pub(crate) struct Cascade {
-    nodes: Vec<Node>,
+    nodes: Nodes,
     levels: Box<[Level]>,
     /// Bit `i` is set while level `i` has a node.
     occupied_levels: u32,
@@ -120,7 +90,7 @@ impl Cascade {
             })
             .collect();
         Cascade {
-            nodes: Vec::new(),
+            nodes: Nodes::default(),
             levels,
             occupied_levels: 0,
             ready: Links::EMPTY,
@@ -134,9 +104,7 @@ impl Cascade {
 
     /// Room for ids below `ids` without reallocating (and no more).
     pub(crate) fn reserve_ids(&mut self, ids: usize) {
-        if ids > self.nodes.capacity() {
-            self.nodes.reserve_exact(ids - self.nodes.len());
-        }
+        self.nodes.reserve(ids);
     }
 
     pub(crate) fn now(&self) -> u64 {
@@ -166,35 +134,28 @@ impl Cascade {
 
     /// Whether `id` is filed (on any list, parked included).
     pub(crate) fn contains(&self, id: u32) -> bool {
-        self.nodes
-            .get(id as usize)
-            .is_some_and(|node| node.list != UNFILED)
+        self.nodes.get(id).is_some_and(Node::is_filed)
     }
 
     /// Whether `id` is parked.
     pub(crate) fn is_parked(&self, id: u32) -> bool {
-        self.nodes
-            .get(id as usize)
-            .is_some_and(|node| node.list == PARKED)
+        self.nodes.get(id).is_some_and(|node| node.list == PARKED)
     }
 
     /// The tick `id` is filed at, if filed.
     pub(crate) fn tick(&self, id: u32) -> Option<u64> {
         self.nodes
-            .get(id as usize)
-            .filter(|node| node.list != UNFILED)
+            .get(id)
+            .filter(|node| node.is_filed())
             .map(Node::tick)
     }
 
     /// Files `id` (which must not be filed) at `tick`; a tick at or before
     /// [`now`](Self::now) is due at once. O(1).
     pub(crate) fn insert(&mut self, id: u32, tick: u64) {
-        let index = id as usize;
-        if index >= self.nodes.len() {
-            self.nodes.resize(index + 1, Node::UNFILED);
-        }
-        debug_assert_eq!(self.nodes[index].list, UNFILED, "id {id} filed twice");
-        self.nodes[index].set_tick(tick);
+        let node = self.nodes.ensure(id);
+        debug_assert_eq!(node.list, UNFILED, "id {id} filed twice");
+        node.set_tick(tick);
         self.len += 1;
         self.link(id);
     }
@@ -205,7 +166,7 @@ impl Cascade {
             return false;
         }
         self.unlink(id);
-        self.nodes[id as usize].list = UNFILED;
+        self.nodes[id].list = UNFILED;
         self.len -= 1;
         true
     }
@@ -217,7 +178,7 @@ impl Cascade {
             return false;
         }
         self.unlink(id);
-        self.nodes[id as usize].set_tick(tick);
+        self.nodes[id].set_tick(tick);
         self.link(id);
         true
     }
@@ -240,7 +201,7 @@ impl Cascade {
 
     /// The parked id after `id`.
     pub(crate) fn next_parked(&self, id: u32) -> Option<u32> {
-        let next = self.nodes[id as usize].next;
+        let next = self.nodes[id].next;
         (next != NIL).then_some(next)
     }
 
@@ -262,7 +223,7 @@ impl Cascade {
             if self.ready.head != NIL {
                 let id = self.ready.head;
                 self.unlink(id);
-                let node = &mut self.nodes[id as usize];
+                let node = &mut self.nodes[id];
                 node.list = UNFILED;
                 self.len -= 1;
                 debug_assert!(node.tick() <= self.now, "an id was handed out early");
@@ -295,29 +256,26 @@ impl Cascade {
         self.len = 0;
         self.nodes
             .iter_mut()
-            .enumerate()
-            .filter(|(_, node)| node.list != UNFILED)
+            .filter(|(_, node)| node.is_filed())
             .map(|(id, node)| {
                 node.list = UNFILED;
-                (id as u32, node.tick())
+                (id, node.tick())
             })
     }
 
-    /// Shrinks the node table to ids below `ids` (which must all be unfiled) and gives spare
-    /// capacity back, keeping room for `keep` nodes.
-    pub(crate) fn shrink(&mut self, ids: usize, keep: usize) {
-        debug_assert!(
-            self.nodes[ids.min(self.nodes.len())..]
-                .iter()
-                .all(|node| node.list == UNFILED)
-        );
-        self.nodes.truncate(ids);
-        if self.nodes.capacity() > keep.max(self.nodes.len()) {
-            self.nodes.shrink_to(keep.max(self.nodes.len()));
-        }
+    /// Gives back the node storage of the ids in `ids`, which must all be unfiled (whole
+    /// chunks only: see `nodes`).
+    pub(crate) fn release(&mut self, ids: Range<usize>) {
+        self.nodes.release(ids);
     }
 
-    /// Nodes the table has room for.
+    /// Gives back the node storage of every range of ids with nothing filed (linear in the
+    /// ids with storage).
+    pub(crate) fn release_unfiled(&mut self) {
+        self.nodes.release_unfiled();
+    }
+
+    /// Ids the node table has room for.
     #[cfg(test)]
     pub(crate) fn node_capacity(&self) -> usize {
         self.nodes.capacity()
@@ -367,7 +325,7 @@ impl Cascade {
         let counts = list == OVERFLOW || (list >= SLOTS && split_slot(list).0 != 0);
         let mut id = links.head;
         while id != NIL {
-            let next = self.nodes[id as usize].next;
+            let next = self.nodes[id].next;
             if counts {
                 self.cascades += 1;
             }
@@ -422,22 +380,22 @@ impl Cascade {
 
     /// Appends `id` to the tail of the list its tick belongs on.
     fn link(&mut self, id: u32) {
-        let list = self.list_for(self.nodes[id as usize].tick());
+        let list = self.list_for(self.nodes[id].tick());
         self.append(id, list);
     }
 
     /// Appends `id` to the tail of `list`.
     fn append(&mut self, id: u32, list: u32) {
-        let tick = self.nodes[id as usize].tick();
+        let tick = self.nodes[id].tick();
         let links = self.links_mut(list, tick);
         let prev = links.tail;
         links.tail = id;
         if prev == NIL {
             links.head = id;
         } else {
-            self.nodes[prev as usize].next = id;
+            self.nodes[prev].next = id;
         }
-        let node = &mut self.nodes[id as usize];
+        let node = &mut self.nodes[id];
         node.prev = prev;
         node.next = NIL;
         node.list = list;
@@ -450,15 +408,15 @@ impl Cascade {
 
     /// Takes `id` off its list (its `list` field is left for the caller to set).
     fn unlink(&mut self, id: u32) {
-        let node = self.nodes[id as usize];
+        let node = self.nodes[id];
         let Node {
             prev, next, list, ..
         } = node;
         if prev != NIL {
-            self.nodes[prev as usize].next = next;
+            self.nodes[prev].next = next;
         }
         if next != NIL {
-            self.nodes[next as usize].prev = prev;
+            self.nodes[next].prev = prev;
         }
         let links = self.links_mut(list, node.tick());
         if links.head == id {
@@ -538,7 +496,7 @@ mod tests {
         assert_eq!(drained, [(0, 1), (1, 1_000), (2, 3)]);
         assert_eq!(cascade.len(), 0);
         assert_eq!(cascade.next_expiration(), None);
-        cascade.shrink(0, 0);
+        cascade.release(0..usize::MAX);
         assert_eq!(cascade.node_capacity(), 0);
     }
 }

@@ -38,7 +38,8 @@
 //! # Performance notes
 //!
 //! Positions live in a table of 20-byte nodes indexed by dense ids (for a `TimerWheel`, slab
-//! indices; the actor uses its timer-pool indices); every slot is an intrusive doubly-linked
+//! indices; the actor uses its timer-pool indices), kept in chunks of 1024 so that the ranges
+//! of ids an owner knows to be unfiled can be given back while others stay filed; every slot is an intrusive doubly-linked
 //! list threaded through those ids, so insert, remove and reschedule are O(1) (plus one division pair per
 //! level climbed) and allocate only when the slab grows. Keys carry a generation, so a key
 //! whose entry has gone never reaches a newer entry that reuses its index.
@@ -46,6 +47,7 @@
 mod bitmap;
 pub(crate) mod cascade;
 mod layout;
+mod nodes;
 
 use slab::Slab;
 
@@ -240,7 +242,7 @@ impl<T> TimerWheel<T> {
     pub fn shrink_if_empty(&mut self, keep: usize) {
         if self.entries.is_empty() && self.entries.capacity() > keep {
             self.entries = Slab::new();
-            self.cascade.shrink(0, 0);
+            self.cascade.release(0..usize::MAX);
         }
     }
 

@@ -11,7 +11,7 @@
 //!   sizes; `--full` adds 10^7).
 //! - `--full`: memory also at 10^7 (several GiB of heap while it runs).
 //! - `--only NAME` runs one scenario group: idle, schedule, ready, timeouts, postpone, keyed,
-//!   churn, producers, requests, fire, memory (e.g. under a profiler).
+//!   churn, producers, keyed-producers, requests, fire, memory (e.g. under a profiler).
 //! - `--reps 9` sets the repetitions reported per case (default 5; `--quick`: 2).
 //! - `--request-tasks 64,256` picks the task counts of the requests scenario (default 128).
 //!
@@ -314,6 +314,7 @@ fn main() {
     plan("keyed", sizes.len() * runs * 3);
     plan("churn", sizes.len() * runs * 3);
     plan("producers", producer_counts.len() * runs * 5);
+    plan("keyed-producers", producer_counts.len() * 2 * runs * 2);
     plan("requests", request_tasks.len() * runs * 4);
     plan("fire", sizes.len() * 6);
     plan("memory", memory_sizes.len() * 8);
@@ -377,6 +378,11 @@ fn main() {
         "ns per pair",
     )
     .versus(TOKIO);
+    let mut keyed_producers = Table::new(
+        "Keyed, many producers: P tasks each set a key and remove it (+ reset by key between), 10^4 keys pending",
+        "ns per key",
+    )
+    .versus("Mutex<DelayQueue + HashMap>");
     let mut request_cpu = Table::new(
         "Requests: T tasks each arm a 30 s timer, await a real 200–400 µs round trip, drop the timer",
         "CPU ns per request, all threads",
@@ -705,6 +711,47 @@ fn main() {
         thread_timer.shutdown().expect("timer thread");
     }
 
+    if wanted("keyed-producers") {
+        let wheel = new_wheel();
+        let set = on_worker(&runtime, {
+            let wheel = wheel.clone();
+            async move { KeyedSet::<u64>::new(&wheel) }
+        });
+        for tasks in producer_counts {
+            let per_task = producer_pairs / tasks;
+            let keys = per_task * tasks;
+            for reset in [false, true] {
+                let row = if reset {
+                    format!("P = {tasks}, set + reset + remove")
+                } else {
+                    format!("P = {tasks}, set + remove")
+                };
+                for rep in 0..runs {
+                    progress.step(&format!("keyed producers P={tasks}"));
+                    let shared = on_worker(
+                        &runtime,
+                        producers_keyed_shared_delay_queue(tasks, per_task, reset),
+                    );
+                    progress.step(&format!("keyed producers P={tasks}"));
+                    let ours = on_worker(
+                        &runtime,
+                        producers_keyed_wheel(set.timers.clone(), tasks, per_task, reset),
+                    );
+                    if rep > 0 {
+                        keyed_producers.add(
+                            &row,
+                            "Mutex<DelayQueue + HashMap>",
+                            ns_per(shared, keys),
+                        );
+                        keyed_producers.add(&row, "tokio-wheel Timers", ns_per(ours, keys));
+                    }
+                }
+            }
+        }
+        drop(set);
+        retire(&runtime, wheel);
+    }
+
     if wanted("requests") {
         let wheel = new_wheel();
         for &tasks in &request_tasks {
@@ -926,6 +973,7 @@ fn main() {
         &keyed,
         &churn,
         &producers,
+        &keyed_producers,
         &request_cpu,
         &request_timer,
         &request_heap,

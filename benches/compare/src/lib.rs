@@ -1629,3 +1629,125 @@ pub async fn requests_wheel(wheel: Wheel, tasks: usize, per_task: usize) -> Requ
     }
     report
 }
+
+// ---------------------------------------------------------------- keyed, many producers
+
+/// Keys every keyed-producer run starts with (pending far ahead), so a queue is not empty
+/// and a new key's deadline rarely becomes its earliest: the shape of a server with live
+/// connections.
+pub const KEYED_PRODUCERS_PREFILL: u64 = 10_000;
+
+/// Producer `p`'s `i`-th key: each task owns its keys (a connection's task its own), none
+/// collides with the prefill.
+fn producer_key(p: usize, i: usize) -> u64 {
+    ((p as u64 + 1) << 32) | i as u64
+}
+
+/// `producers` tasks each set `per_task` keys (deadlines in [1 s, 60 s]) and remove each right
+/// after on one keyed set (`reset` by key in between when `reset` is true), then a `len()`
+/// barrier: every command applied. The set holds [`KEYED_PRODUCERS_PREFILL`] keys meanwhile.
+pub async fn producers_keyed_wheel(
+    timers: Timers<u64, u64>,
+    producers: usize,
+    per_task: usize,
+    reset: bool,
+) -> Duration {
+    let mut rng = Rng(7);
+    for key in 0..KEYED_PRODUCERS_PREFILL {
+        timers.set(key, key, producer_delay(&mut rng));
+    }
+    timers.len().await;
+    let start = Instant::now();
+    run_producers(producers, |p| {
+        let timers = timers.clone();
+        async move {
+            let mut rng = producer_rng(p);
+            for i in 0..per_task {
+                let key = producer_key(p, i);
+                timers.set(key, key, producer_delay(&mut rng));
+                if reset {
+                    timers.reset(&key, producer_delay(&mut rng));
+                }
+                timers.remove(&key);
+            }
+        }
+    })
+    .await;
+    timers.len().await;
+    let elapsed = start.elapsed();
+    timers.drain().await;
+    elapsed
+}
+
+type SharedKeyedQueue = Arc<Mutex<(DelayQueue<u64>, HashMap<u64, DelayKey>)>>;
+
+/// The same on one `Arc<Mutex<DelayQueue + HashMap>>` driven by its own task (which polls it
+/// for expirations, as a user must, and is woken when an insert becomes the earliest).
+pub async fn producers_keyed_shared_delay_queue(
+    producers: usize,
+    per_task: usize,
+    reset: bool,
+) -> Duration {
+    let shared: SharedKeyedQueue = Arc::new(Mutex::new((DelayQueue::new(), HashMap::new())));
+    {
+        let mut guard = shared.lock().unwrap();
+        let (queue, index) = &mut *guard;
+        let mut rng = Rng(7);
+        for key in 0..KEYED_PRODUCERS_PREFILL {
+            index.insert(key, queue.insert(key, producer_delay(&mut rng)));
+        }
+    }
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let driver = tokio::spawn({
+        let (shared, stop) = (shared.clone(), stop.clone());
+        async move {
+            let expired = std::future::poll_fn(|cx| {
+                let mut guard = shared.lock().unwrap();
+                let (queue, index) = &mut *guard;
+                while let Poll::Ready(Some(expired)) = queue.poll_expired(cx) {
+                    index.remove(expired.get_ref());
+                }
+                // Empty (`Ready(None)`) or nothing due: the waker is stored either way.
+                Poll::<()>::Pending
+            });
+            tokio::select! {
+                () = expired => {}
+                () = stop.notified() => {}
+            }
+        }
+    });
+    let start = Instant::now();
+    run_producers(producers, |p| {
+        let shared = shared.clone();
+        async move {
+            let mut rng = producer_rng(p);
+            for i in 0..per_task {
+                let key = producer_key(p, i);
+                let delay = producer_delay(&mut rng);
+                {
+                    let mut guard = shared.lock().unwrap();
+                    let (queue, index) = &mut *guard;
+                    if let Some(old) = index.insert(key, queue.insert(key, delay)) {
+                        queue.remove(&old);
+                    }
+                }
+                if reset {
+                    let delay = producer_delay(&mut rng);
+                    let guard = &mut *shared.lock().unwrap();
+                    if let Some(k) = guard.1.get(&key) {
+                        guard.0.reset(k, delay);
+                    }
+                }
+                let guard = &mut *shared.lock().unwrap();
+                if let Some(k) = guard.1.remove(&key) {
+                    guard.0.remove(&k);
+                }
+            }
+        }
+    })
+    .await;
+    let elapsed = start.elapsed();
+    stop.notify_one();
+    driver.await.expect("driver");
+    elapsed
+}

@@ -36,9 +36,9 @@ echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on po
 results=$(mktemp)
 for round in $(seq "$ROUNDS"); do
     echo "round $round: tokio-wheel" >&2
-    "$target/release/examples/redis_bench" | tee /dev/stderr | sed -n 's/^RESULT /tokio-wheel /p' >>"$results"
+    "$target/release/examples/redis_bench" | sed -n 's/^RESULT /tokio-wheel /p' >>"$results"
     echo "round $round: apalis-redis" >&2
-    "$target/peers/release/apalis-peer" | tee /dev/stderr | sed -n 's/^RESULT /apalis /p' >>"$results"
+    "$target/peers/release/apalis-peer" | sed -n 's/^RESULT /apalis /p' >>"$results"
 done
 
 python3 - "$results" <<'PY'

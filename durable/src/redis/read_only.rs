@@ -42,6 +42,8 @@ pub(super) async fn start(
         eviction: eviction::Guard::new(target.allow_evicting_server),
         waiting: None,
         read_only: true,
+        // Never used: writes are refused before they reach a batch.
+        batchers: super::batch::Batchers::new(partitions),
     });
     // The permission to read every partition (as an ordinary handle checks it at open).
     let reads = shared.parts.iter().map(|keys| {

@@ -21,8 +21,9 @@
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use hashbrown::hash_table;
 use tokio::sync::{mpsc, oneshot};
 
 mod tables;
@@ -112,7 +113,7 @@ pub(crate) struct Expiry<K, V> {
 /// its whole entry table over in O(1) and the receiver walks it — so a drain of millions of
 /// keys never stalls the actor or its runtime. Yields `(key, value, deadline offset)`.
 pub(crate) struct Drained<K, V> {
-    chunks: std::vec::IntoIter<Chunk<K, V>>,
+    chunks: std::iter::Flatten<std::vec::IntoIter<Option<Chunk<K, V>>>>,
     current: std::vec::IntoIter<Option<Entry<K, V>>>,
     left: usize,
 }
@@ -125,7 +126,7 @@ impl<K, V> Drained<K, V> {
     fn new(entries: Entries<K, V>) -> Self {
         Drained {
             left: entries.len,
-            chunks: entries.chunks.into_iter(),
+            chunks: entries.chunks.into_iter().flatten(),
             current: Vec::new().into_iter(),
         }
     }
@@ -162,6 +163,9 @@ impl<K, V> Iterator for Drained<K, V> {
     }
 }
 
+/// Entry chunks a set with entries pending may keep however sparse they are.
+const RETAINED_CHUNKS: usize = 4;
+
 pub(crate) struct KeyedMachine<K, V> {
     timeline: Timeline,
     entries: Entries<K, V>,
@@ -176,6 +180,10 @@ pub(crate) struct KeyedMachine<K, V> {
     /// ledger's stripes).
     hasher: foldhash::fast::RandomState,
     ledger: Arc<Ledger>,
+    /// How many `Timers` clones of the set are alive: once none is, nothing new can be set,
+    /// and the actor stops when nothing is left (live `KeyedTimer`s, all stale by then, do not
+    /// keep the stream open).
+    timers: Arc<AtomicUsize>,
     expirations: mpsc::UnboundedSender<Delivery<K, V>>,
 }
 
@@ -192,6 +200,7 @@ where
         expirations: mpsc::UnboundedSender<Delivery<K, V>>,
         hasher: foldhash::fast::RandomState,
         ledger: Arc<Ledger>,
+        timers: Arc<AtomicUsize>,
     ) -> Self {
         KeyedMachine {
             timeline: Timeline::new(levels, clock),
@@ -201,6 +210,7 @@ where
             reserved: 0,
             hasher,
             ledger,
+            timers,
             expirations,
         }
     }
@@ -215,13 +225,8 @@ where
         })
     }
 
-    /// Files a new entry for `key` (not indexed yet) with `hash` = its hash.
-    fn insert(&mut self, key: K, value: V, due: Due, hash: u64, deadline: i64) -> u32 {
-        let id = self.entries.insert(Entry { key, value, due });
-        // Rehashing on growth needs every key's hash: the index keeps only ids.
-        let (entries, hasher) = (&self.entries, &self.hasher);
-        self.index
-            .insert(hash, id, |&id| hasher.hash_one(&entries.get(id).key));
+    /// Files a new entry for `key` (indexed already, by the caller) due at `deadline`.
+    fn file_new(&mut self, id: u32, deadline: i64) {
         if id as usize >= self.reserved {
             self.reserved = (self.reserved + self.reserved / 8)
                 .max(id as usize + 1)
@@ -229,7 +234,6 @@ where
             self.timeline.reserve_ids(self.reserved);
         }
         self.timeline.file(id, due_at(deadline));
-        id
     }
 
     /// Entry `id` is gone: its shared word (if any) is retired. Returns the deadline it had.
@@ -314,8 +318,7 @@ where
     fn take_everything(&mut self) -> Drained<K, V> {
         for (id, word) in self.words.drain() {
             let deadline = word.retire();
-            let slot = &mut self.entries.chunks[id as usize / CHUNK][id as usize % CHUNK];
-            slot.as_mut().expect("a live entry").due = Due::own(deadline);
+            self.entries.get_mut(id).due = Due::own(deadline);
         }
         self.index = Index::new();
         self.timeline.forget_all();
@@ -427,8 +430,33 @@ where
         ctx: &mut Ctx<'_>,
     ) -> u32 {
         ctx.delta.inserted += 1;
-        match self.find(&key, hash) {
-            Some(id) => {
+        // One probe of the index finds the key or the place for it: a set of a new key
+        // (most sets) does not probe again to insert.
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        let shard = &mut self.index.shards[Index::shard(hash)];
+        let found = match shard.entry(
+            hash,
+            |&id| {
+                entries
+                    .slot(id)
+                    .as_ref()
+                    .is_some_and(|entry| entry.key == key)
+            },
+            // Rehashing on growth needs every key's hash: the index keeps only ids.
+            |&id| hasher.hash_one(&entries.get(id).key),
+        ) {
+            hash_table::Entry::Occupied(found) => Ok(*found.get()),
+            hash_table::Entry::Vacant(place) => Err(place),
+        };
+        match found {
+            Err(place) => {
+                let id = self.entries.insert(Entry { key, value, due });
+                place.insert(id);
+                self.index.len += 1;
+                self.file_new(id, deadline);
+                id
+            }
+            Ok(id) => {
                 // Replaced: the old entry counts as cancelled, the new as inserted.
                 ctx.delta.cancelled += 1;
                 self.retire(id);
@@ -438,7 +466,6 @@ where
                 self.timeline.file(id, due_at(deadline));
                 id
             }
-            None => self.insert(key, value, due, hash, deadline),
         }
     }
 }
@@ -465,6 +492,12 @@ where
                     Verdict::Done
                 }
                 Some(deadline) => Verdict::Later(due_at(deadline)),
+                // A command of its handle is in flight: it was queued after this turn took
+                // the inbox, perhaps before the clock read that made the entry due (the
+                // handle then returned before the deadline) — a later move queued behind
+                // another command would lose to the expiry. Look again once the next turn
+                // has taken it: never early, at most a turn late, and only while racing.
+                None if !words.of(id).is_quiet() => Verdict::Later(limit.saturating_add(1)),
                 // The handle may be moving it right now: one compare-and-swap decides.
                 None => match words.of(id).on_due(limit.min(i64::MAX as u64) as i64) {
                     word::Due::Fire(deadline) => {
@@ -517,17 +550,39 @@ where
         self.expirations.is_closed()
     }
 
+    fn cannot_grow(&self) -> bool {
+        // Acquire: every command a `Timers` sent before its drop counted down is then seen by
+        // the actor's next look at its inbox.
+        self.timers.load(Ordering::Acquire) == 0
+    }
+
     fn holds_memory(&self, _shared: &Shared) -> bool {
-        self.entries.high > 0
+        !self.entries.chunks.is_empty()
             || self.words.holds_memory()
             || self.index.shards.iter().any(|shard| shard.capacity() > 0)
     }
 
+    fn sparse(&self, _shared: &Shared) -> bool {
+        // Most of the entry table unused: a flood is over but some entries outlive it.
+        let capacity = self.entries.capacity();
+        capacity > RETAINED_CHUNKS * CHUNK && self.entries.len * 4 < capacity
+    }
+
     fn release_memory(&mut self, _inbox: &Inbox<Self::Command>, _shared: &Arc<Shared>) -> bool {
-        self.entries.release_if_empty();
-        self.index.release_if_empty();
-        self.words.release_if_empty();
-        self.timeline.shrink(0, CHUNK);
+        if self.entries.len == 0 {
+            self.entries.release_if_empty();
+            self.index.release_if_empty();
+            self.words.release_if_empty();
+            self.timeline.release_ids(0..usize::MAX);
+        } else {
+            // Entries outlive a flood: keep only the chunks and table room they use.
+            self.entries.release_unused();
+            self.words.release_unused();
+            let (entries, hasher) = (&self.entries, &self.hasher);
+            self.index
+                .shrink(|&id| hasher.hash_one(&entries.get(id).key));
+            self.timeline.release_unfiled();
+        }
         self.reserved = self.reserved.min(CHUNK);
         true
     }
@@ -548,6 +603,64 @@ mod tests {
         assert_eq!(size_of::<Option<Entry<u64, u64>>>(), 24);
     }
 
+    /// The interleaving behind the race of a handle's later `reset` with expiry, made
+    /// deterministic: the actor's turn has taken the inbox; the handle, its move held behind a
+    /// command in flight, counts and queues it and returns — before the old deadline; then the
+    /// actor reads the clock (past the old deadline) and fires. The entry must wait for the
+    /// move, not fire at the old deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_handle_move_is_never_lost_to_the_expiry_it_races() {
+        let ms = |n: i64| n * 1_000_000;
+        let tick = std::time::Duration::from_millis(1);
+        let levels = crate::Layout::clock().slots_per_level(tick).unwrap();
+        let clock = Clock::new(tokio::time::Instant::now(), tick);
+        let handle = tokio::runtime::Handle::current();
+        let shared = Arc::new(Shared::new("t".into(), clock, handle, None, levels.clone()));
+        let (sender, mut expired) = mpsc::unbounded_channel();
+        let hasher = foldhash::fast::RandomState::default();
+        let ledger = Arc::new(Ledger::default());
+        let timers = Arc::new(AtomicUsize::new(1));
+        let mut machine =
+            KeyedMachine::<u32, u32>::new(&levels, clock, sender, hasher, ledger, timers);
+        let mut delta = Default::default();
+        let mut ctx = Ctx {
+            shared: &shared,
+            delta: &mut delta,
+        };
+        let word = Arc::new(DeadlineWord::new(ms(5)));
+        let insert = KeyedCommand::Insert {
+            key: 1,
+            value: 1,
+            word: word.clone(),
+        };
+        machine.apply(insert, &mut ctx);
+        let id = word.id().expect("filed");
+        let target = || Target::Filed {
+            id,
+            word: Arc::as_ptr(&word) as usize,
+        };
+        // The handle counts its move and queues it; the actor has not taken it.
+        word.sending();
+        let queued = KeyedCommand::Move(Box::new((target(), ms(50))));
+        // The actor fires at 6 ms (the old deadline was 5 ms).
+        machine.fire(ms(6) as u64, FIRE_FOR_TEST, &mut ctx);
+        assert!(expired.try_recv().is_err(), "fired at the old deadline");
+        assert_eq!(word.load(), (false, ms(5)));
+        // Its next turn takes the move; the entry then fires at the new deadline only.
+        machine.apply(queued, &mut ctx);
+        machine.fire(ms(7) as u64, FIRE_FOR_TEST, &mut ctx);
+        machine.fire(ms(49) as u64, FIRE_FOR_TEST, &mut ctx);
+        assert!(expired.try_recv().is_err(), "fired before the new deadline");
+        machine.fire(ms(50) as u64, FIRE_FOR_TEST, &mut ctx);
+        match expired.try_recv() {
+            Ok(Delivery::Fired(expiry)) => assert_eq!(expiry.deadline, ms(50)),
+            _ => panic!("not fired at the new deadline"),
+        }
+        assert_eq!(word.load(), (true, ms(50)));
+    }
+
+    const FIRE_FOR_TEST: usize = 1024;
+
     #[test]
     fn own_deadlines_round_trip_and_never_read_as_shared() {
         for deadline in [0, 1, -1, i64::MAX, i64::MIN + 2] {
@@ -556,5 +669,51 @@ mod tests {
         assert_eq!(Due::own(i64::MIN).deadline(), Some(i64::MIN + 2));
         assert_eq!(Due::own(i64::MIN + 1).deadline(), Some(i64::MIN + 2));
         assert_eq!(Due::SHARED.deadline(), None);
+    }
+}
+
+/// Model check of how a set's actor stops once no `Timers` is left: the last `Timers` counts
+/// itself out after its last send, and the actor, once it reads the count as zero, looks at
+/// its inbox once more before it stops — so that send is never lost. Run with
+/// `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_model`.
+#[cfg(all(test, loom))]
+mod loom_model {
+    use std::collections::VecDeque;
+
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::thread;
+
+    use crate::actor::inbox::{Inbox, Urgency};
+
+    #[test]
+    fn a_command_sent_before_the_last_timers_went_is_applied_before_the_actor_stops() {
+        loom::model(|| {
+            let inbox = Arc::new(Inbox::<u32>::new(1));
+            let timers = Arc::new(AtomicUsize::new(1));
+            let last = {
+                let (inbox, timers) = (inbox.clone(), timers.clone());
+                thread::spawn(move || {
+                    inbox.send(0, 7, Urgency::Lazy).unwrap();
+                    // `Timers::drop`.
+                    if timers.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        inbox.nudge();
+                    }
+                })
+            };
+            // The actor's loop: a turn takes and applies, then, with no `Timers` left and
+            // nothing filed, one more look; it stops only if that finds nothing.
+            let mut applied = VecDeque::new();
+            loop {
+                inbox.take_all(&mut applied, &mut []);
+                if timers.load(Ordering::Acquire) == 0 && inbox.take_all(&mut applied, &mut []) == 0
+                {
+                    break;
+                }
+                thread::yield_now();
+            }
+            last.join().unwrap();
+            assert_eq!(Vec::from(applied), vec![7], "a command was lost");
+        });
     }
 }

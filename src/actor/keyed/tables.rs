@@ -51,31 +51,44 @@ pub(super) fn due_at(deadline: i64) -> u64 {
 /// [`CHUNK`] entries; `None` for free ids.
 pub(super) type Chunk<K, V> = Box<[Option<Entry<K, V>>]>;
 
-/// Entries by id, in fixed-size chunks.
+/// Entries by id, in fixed-size chunks. A chunk with no live entry can be given back while
+/// others stay ([`release_unused`](Entries::release_unused)): a few long-lived entries keep
+/// only their own chunks after a flood. Ids are handed out lowest chunk first, so the chunks
+/// of a busy set's high ids empty out.
 pub(super) struct Entries<K, V> {
-    pub(super) chunks: Vec<Chunk<K, V>>,
-    /// Ids below this have been handed out at least once.
-    pub(super) high: u32,
+    /// `None` for chunks given back (or never allocated).
+    pub(super) chunks: Vec<Option<Chunk<K, V>>>,
+    /// Free ids of allocated chunks, the lowest chunk's last (handed out first).
     pub(super) free: Vec<u32>,
     pub(super) len: usize,
+    /// Chunks allocated.
+    allocated: usize,
 }
 
 impl<K, V> Entries<K, V> {
     pub(super) fn new() -> Self {
         Entries {
             chunks: Vec::new(),
-            high: 0,
             free: Vec::new(),
             len: 0,
+            allocated: 0,
         }
     }
 
+    fn chunk(&self, id: u32) -> &Chunk<K, V> {
+        self.chunks[id as usize / CHUNK]
+            .as_ref()
+            .expect("a live entry's chunk")
+    }
+
     pub(super) fn slot(&self, id: u32) -> &Option<Entry<K, V>> {
-        &self.chunks[id as usize / CHUNK][id as usize % CHUNK]
+        &self.chunk(id)[id as usize % CHUNK]
     }
 
     pub(super) fn slot_mut(&mut self, id: u32) -> &mut Option<Entry<K, V>> {
-        &mut self.chunks[id as usize / CHUNK][id as usize % CHUNK]
+        &mut self.chunks[id as usize / CHUNK]
+            .as_mut()
+            .expect("a live entry's chunk")[id as usize % CHUNK]
     }
 
     pub(super) fn get(&self, id: u32) -> &Entry<K, V> {
@@ -87,16 +100,30 @@ impl<K, V> Entries<K, V> {
     }
 
     pub(super) fn insert(&mut self, entry: Entry<K, V>) -> u32 {
-        let id = self.free.pop().unwrap_or_else(|| {
-            if self.high as usize == self.chunks.len() * CHUNK {
-                self.chunks.push((0..CHUNK).map(|_| None).collect());
-            }
-            self.high += 1;
-            self.high - 1
-        });
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => self.grow(),
+        };
         *self.slot_mut(id) = Some(entry);
         self.len += 1;
         id
+    }
+
+    /// Allocates the lowest chunk missing, keeps its ids but the first as free, and returns
+    /// that first.
+    fn grow(&mut self) -> u32 {
+        let chunk = match self.chunks.iter().position(Option::is_none) {
+            Some(chunk) => chunk,
+            None => {
+                self.chunks.push(None);
+                self.chunks.len() - 1
+            }
+        };
+        self.chunks[chunk] = Some((0..CHUNK).map(|_| None).collect());
+        self.allocated += 1;
+        let first = (chunk * CHUNK) as u32;
+        self.free.extend((first + 1..first + CHUNK as u32).rev());
+        first
     }
 
     pub(super) fn remove(&mut self, id: u32) -> Entry<K, V> {
@@ -106,11 +133,39 @@ impl<K, V> Entries<K, V> {
         entry
     }
 
+    /// Entries the allocated chunks hold.
+    pub(super) fn capacity(&self) -> usize {
+        self.allocated * CHUNK
+    }
+
     /// Gives every chunk back, once empty.
     pub(super) fn release_if_empty(&mut self) {
-        if self.len == 0 && self.high > 0 {
+        if self.len == 0 && !self.chunks.is_empty() {
             *self = Entries::new();
         }
+    }
+
+    /// Gives back every chunk with no live entry, and orders the free ids lowest chunk
+    /// first. Linear in the chunks' slots.
+    pub(super) fn release_unused(&mut self) {
+        for chunk in &mut self.chunks {
+            if chunk
+                .as_ref()
+                .is_some_and(|entries| entries.iter().all(Option::is_none))
+            {
+                *chunk = None;
+                self.allocated -= 1;
+            }
+        }
+        while self.chunks.last().is_some_and(Option::is_none) {
+            self.chunks.pop();
+        }
+        self.chunks.shrink_to_fit();
+        let chunks = &self.chunks;
+        self.free
+            .retain(|&id| chunks.get(id as usize / CHUNK).is_some_and(Option::is_some));
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+        self.free.shrink_to_fit();
     }
 }
 
@@ -188,6 +243,22 @@ impl Words {
             *self = Words::new();
         }
     }
+
+    /// Gives back every chunk with no word.
+    pub(super) fn release_unused(&mut self) {
+        for chunk in &mut self.chunks {
+            if chunk
+                .as_ref()
+                .is_some_and(|words| words.iter().all(Option::is_none))
+            {
+                *chunk = None;
+            }
+        }
+        while self.chunks.last().is_some_and(Option::is_none) {
+            self.chunks.pop();
+        }
+        self.chunks.shrink_to_fit();
+    }
 }
 
 /// Ids by key, in [`INDEX_SHARDS`] hash tables chosen by hash bits the tables themselves do not
@@ -213,11 +284,6 @@ impl Index {
         self.shards[Self::shard(hash)].find(hash, eq).copied()
     }
 
-    pub(super) fn insert(&mut self, hash: u64, id: u32, rehash: impl Fn(&u32) -> u64) {
-        self.shards[Self::shard(hash)].insert_unique(hash, id, rehash);
-        self.len += 1;
-    }
-
     pub(super) fn remove(&mut self, hash: u64, id: u32) {
         if let Ok(found) = self.shards[Self::shard(hash)].find_entry(hash, |&other| other == id) {
             found.remove();
@@ -229,5 +295,54 @@ impl Index {
         if self.len == 0 && self.shards.iter().any(|shard| shard.capacity() > 0) {
             *self = Index::new();
         }
+    }
+
+    /// Shrinks every table to what its ids need; `rehash` gives an id's hash.
+    pub(super) fn shrink(&mut self, rehash: impl Fn(&u32) -> u64) {
+        for shard in self.shards.iter_mut() {
+            if shard.capacity() > 2 * shard.len() + 16 {
+                shard.shrink_to_fit(&rehash);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn entry(key: u64) -> Entry<u64, ()> {
+        Entry {
+            key,
+            value: (),
+            due: Due::own(key as i64),
+        }
+    }
+
+    #[test]
+    fn a_live_entry_keeps_only_its_own_chunk_and_ids_refill_lowest_first() {
+        let mut entries = Entries::new();
+        let ids: Vec<u32> = (0..4 * CHUNK as u64)
+            .map(|k| entries.insert(entry(k)))
+            .collect();
+        assert_eq!(entries.capacity(), 4 * CHUNK);
+        let kept = ids[2 * CHUNK + 5];
+        for &id in ids.iter().filter(|&&id| id != kept) {
+            entries.remove(id);
+        }
+        entries.release_unused();
+        assert_eq!(entries.capacity(), CHUNK, "the kept entry's chunk only");
+        assert_eq!(entries.get(kept).key, kept as u64);
+        // The free ids left are the kept chunk's; then a hole below it is allocated first.
+        let refill: Vec<u32> = (0..CHUNK as u64)
+            .map(|k| entries.insert(entry(k)))
+            .collect();
+        assert!(
+            refill[..CHUNK - 1]
+                .iter()
+                .all(|&id| id as usize / CHUNK == 2)
+        );
+        assert_eq!(refill[CHUNK - 1], 0, "the lowest chunk missing");
+        assert_eq!(entries.capacity(), 2 * CHUNK);
     }
 }
