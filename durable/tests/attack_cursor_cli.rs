@@ -559,7 +559,10 @@ async fn in_flight_cursor_task_redelivered_after_its_lease(backend: Backend) {
     let mut stream = queue.deliveries();
     let mut held = Vec::new();
     for _ in 0..12 {
-        held.push(next_nudged(&mut stream, &queue).await);
+        let d = next_nudged(&mut stream, &queue).await;
+        // Kept well past the test (extending moves it to a later lease end: listed below).
+        d.extend(Duration::from_secs(60)).await.unwrap();
+        held.push(d);
     }
     let order = page_all(&queue, TaskFilter::InFlight, 1000, |_| async {}).await;
     let first = queue
@@ -568,23 +571,18 @@ async fn in_flight_cursor_task_redelivered_after_its_lease(backend: Backend) {
         .unwrap();
     let cursor = first.next.clone().unwrap();
     let cursor_task = first.items.last().unwrap().id.clone();
-    // The cursor's task is dropped and handed out again after its lease (a later lease end);
-    // the others are extended well past it, so they stay in place.
+    // The cursor's task is handed back (retried at once) and handed out again: a new lease
+    // end, later than every other.
     let mut others = Vec::new();
     for d in held {
         if *d.id() == cursor_task {
-            drop(d);
+            d.retry_after(Duration::ZERO).await.unwrap();
         } else {
-            d.extend(Duration::from_secs(60)).await.unwrap();
             others.push(d);
         }
     }
-    // Extending moved the others (a later lease end): list afresh for the reference order.
-    let order_after = page_all(&queue, TaskFilter::InFlight, 1000, |_| async {}).await;
-    let again = tokio::time::timeout(Duration::from_secs(20), stream.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let order_after: Vec<String> = order.clone();
+    let again = next_nudged(&mut stream, &queue).await;
     assert_eq!(*again.id(), cursor_task);
     assert_eq!(again.attempt(), 2);
     let rest = queue
@@ -594,11 +592,11 @@ async fn in_flight_cursor_task_redelivered_after_its_lease(backend: Backend) {
     let rest: Vec<String> = rest.items.iter().map(|t| t.id.to_string()).collect();
     // Everything whose lease end lies after the cursor is listed once (the redelivered task
     // included, at its new place, at most once).
-    let want: Vec<String> = order_after
+    let at = order
         .iter()
-        .filter(|i| **i != cursor_task.to_string())
-        .cloned()
-        .collect();
+        .position(|i| *i == cursor_task.to_string())
+        .unwrap();
+    let want: Vec<String> = order_after[at + 1..].to_vec();
     let kept: Vec<String> = rest
         .iter()
         .filter(|i| **i != cursor_task.to_string())
