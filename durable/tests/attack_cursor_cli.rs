@@ -1098,4 +1098,108 @@ mod cli {
         }
         let _ = SystemTime::now();
     }
+
+    #[tokio::test]
+    async fn limits_stdin_payloads_and_encoded_passwords() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.redb");
+        let f = path.to_str().unwrap();
+        twq(&with_file(
+            f,
+            false,
+            &["schedule", "--payload", "x", "--id", "a"],
+        ))
+        .await;
+        for limit in ["0", "1001", "-1", "99999999999999999999"] {
+            let run = twq(&with_file(f, true, &["list", "pending", "--limit", limit])).await;
+            assert!(run.code == 0 || run.code == 2, "--limit {limit}: {run:?}");
+            if run.code == 0 {
+                assert!(run.json().is_object(), "{run:?}");
+            }
+        }
+        // Binary bytes through standard input come back exact.
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_twq"))
+            .args([
+                "--file",
+                f,
+                "--json",
+                "schedule",
+                "--payload-file",
+                "-",
+                "--id",
+                "bin",
+            ])
+            .env_remove("TWQ_FILE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(&bytes).await.unwrap();
+        }
+        assert!(child.wait_with_output().await.unwrap().status.success());
+        let run = twq(&with_file(f, true, &["get", "bin", "--payload"])).await;
+        assert_eq!(run.json()["payload_len"], 256);
+        let b64 = run.json()["payload"]["base64"].as_str().unwrap().to_owned();
+        // Standard padded base64 of 0..=255 starts with "AAECAwQF" and ends with "/w==".
+        assert!(
+            b64.starts_with("AAECAwQF") && b64.ends_with("/w=="),
+            "{b64}"
+        );
+        // A password with characters that must be percent-encoded in the URL: neither its
+        // encoded nor its decoded form shows, also inside a payload.
+        let secret = "p@ss:w/rd?#x";
+        let encoded = "p%40ss%3Aw%2Frd%3F%23x";
+        let Some(server) = redis_server::start_with(&["--requirepass", secret]) else {
+            return;
+        };
+        let url = format!("redis://:{encoded}@127.0.0.1:{}/", server.port());
+        {
+            let wheel = Wheel::new();
+            let queue = DurableQueue::builder()
+                .redis(&url, "q", &wheel)
+                .await
+                .unwrap();
+            let payload = format!("pw={secret} enc={encoded}");
+            queue
+                .schedule(
+                    Task::new(payload.into_bytes())
+                        .id("leak")
+                        .after(Duration::from_secs(3600)),
+                )
+                .await
+                .unwrap();
+            queue.close().await;
+        }
+        let env = [("TWQ_REDIS", url.as_str()), ("TWQ_QUEUE", "q")];
+        for args in [
+            &["get", "leak", "--payload"][..],
+            &["--json", "get", "leak", "--payload"],
+            &["--queue", "nosuch", "stats"],
+            &["--partitions", "2", "cancel", "leak"],
+            &["--help"],
+        ] {
+            let run = twq_env(args, &env).await;
+            assert!(
+                !run.shows(secret) && !run.shows(encoded),
+                "{args:?}: {run:?}"
+            );
+        }
+        let wrong = format!("redis://:{encoded}x@127.0.0.1:{}/", server.port());
+        let run = twq(&[
+            "--redis",
+            &wrong,
+            "--queue",
+            "q",
+            "--timeout",
+            "1s",
+            "stats",
+        ])
+        .await
+        .error();
+        assert!(!run.shows(secret) && !run.shows(encoded), "{run:?}");
+    }
 }
