@@ -351,6 +351,7 @@ impl Builder {
             requests,
             prefetch: self.prefetch,
             route: Route::Redis(shared),
+            released: None,
         })
     }
 
@@ -377,11 +378,20 @@ impl Builder {
         })
         .await
         .map_err(|e| Error::Io(format!("loading the store panicked: {e}")))??;
-        crate::protocol::attach(wheel).runtime.spawn(engine.run());
+        // Says when the engine has given the store (and its lock) back: `close()` waits for
+        // it even when the engine stopped first (a wheel shutdown), so a reopen after
+        // `close().await` never finds the store still locked. A runtime that dies drops the
+        // sender, which counts as released too (the store goes with the engine's task).
+        let (released, on_release) = tokio::sync::watch::channel(false);
+        crate::protocol::attach(wheel).runtime.spawn(async move {
+            engine.run().await;
+            let _ = released.send(true);
+        });
         Ok(DurableQueue {
             requests,
             prefetch: self.prefetch,
             route: Route::Engine,
+            released: Some(on_release),
         })
     }
 }

@@ -60,7 +60,8 @@
 //!   order (ties in schedule order); tasks in flight when the previous holder died are
 //!   delivered again at once.
 //! - **One holder:** opening a store another handle holds returns [`Error::Locked`] at once.
-//!   Dropping every handle (or [`DurableQueue::close`]) releases it.
+//!   [`DurableQueue::close`] releases it before it returns (also after the wheel shut down);
+//!   dropping every handle releases it in the background, moments later.
 //! - **Replacing:** scheduling an id that is pending or dead replaces it; one in flight returns
 //!   [`Error::InFlight`].
 //!

@@ -34,6 +34,8 @@ pub struct DurableQueue {
     pub(crate) prefetch: usize,
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) route: Route,
+    /// Embedded: becomes `true` once the engine has released the store and its lock.
+    pub(crate) released: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl fmt::Debug for DurableQueue {
@@ -577,5 +579,10 @@ impl DurableQueue {
     /// its lease. Other clones and deliveries answer [`Error::Closed`] once it returns.
     pub async fn close(&self) {
         let _ = self.ask(Request::Close).await;
+        // Also when the engine had already stopped (the wheel shut down) and could not be
+        // asked: it may still be giving the store back.
+        if let Some(released) = &self.released {
+            let _ = released.clone().wait_for(|released| *released).await;
+        }
     }
 }
