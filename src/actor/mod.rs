@@ -406,6 +406,8 @@ impl<M: Machine> Actor<M> {
 
     /// Merges the turn's counters and lets the machine answer barriers and trim memory.
     fn publish(&mut self) {
+        // Read before the merge empties it: timers fired this turn.
+        let fired = self.delta.fired;
         let pending = self.machine.len();
         let moves = self.machine.moves();
         let change = pending as i64 - self.reported_pending as i64;
@@ -421,6 +423,16 @@ impl<M: Machine> Actor<M> {
         // Quiet: empty and idle, or with a few timers left in a pool a flood made large. The
         // memory release then runs as if idle, for the memory those timers do not use.
         let quiet = idle || (self.batch.is_empty() && self.machine.sparse(&self.shared));
+        if quiet && !idle && fired > 0 {
+            // Sparse, but still firing (the tail of a flood coming due): looking at memory
+            // now would lock every inbox shard each turn and release in the middle of the
+            // firing, delaying it (10^6 timers fired over 1 s: p99 lateness 1.2 → 3 ms).
+            // Restart the grace instead: the release comes once the firing has stopped.
+            self.idle_since = Some(self.shared.clock.now());
+            self.release_blocked = false;
+            self.machine.turn_done(&self.inbox, &self.shared);
+            return;
+        }
         if quiet && self.release_blocked && self.machine.freed().iter().any(|f| !f.is_empty()) {
             // Slots the last release found in use are coming back: try again once the
             // machine has been quiet for another grace period.
