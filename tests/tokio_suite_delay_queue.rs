@@ -36,23 +36,8 @@ mod mock_task;
 #[macro_use]
 mod delay_queue_port;
 
-use delay_queue_port::{Mode, assert_ends, delay_queue};
-use tokio::time::{self, Duration, Instant, sleep};
-
-macro_rules! poll {
-    ($queue:ident) => {
-        $queue.poll_next()
-    };
-}
-
-macro_rules! assert_ready_some {
-    ($e:expr) => {{
-        match assert_ready!($e) {
-            Some(v) => v,
-            None => panic!("None"),
-        }
-    }};
-}
+use delay_queue_port::{Mode, assert_ends, delay_queue, ms};
+use tokio::time::{self, Instant, sleep};
 
 both! {
     #[tokio::test]
@@ -412,8 +397,4 @@ both! {
             (other, value)
         );
     }
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
 }

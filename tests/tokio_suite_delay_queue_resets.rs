@@ -25,23 +25,8 @@ mod mock_task;
 #[macro_use]
 mod delay_queue_port;
 
-use delay_queue_port::{Mode, assert_ends, delay_queue};
+use delay_queue_port::{Mode, assert_ends, delay_queue, ms};
 use tokio::time::{self, Duration, Instant, sleep, sleep_until};
-
-macro_rules! poll {
-    ($queue:ident) => {
-        $queue.poll_next()
-    };
-}
-
-macro_rules! assert_ready_some {
-    ($e:expr) => {{
-        match assert_ready!($e) {
-            Some(v) => v,
-            None => panic!("None"),
-        }
-    }};
-}
 
 both! {
     #[tokio::test]
@@ -454,8 +439,4 @@ both! {
         assert!(!queue.is_woken());
         assert_ends(timers, &mut queue).await;
     }
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
 }

@@ -121,3 +121,25 @@ pub async fn assert_ends<V: std::fmt::Debug>(
     let entry = assert_ready!(expired.poll_next());
     assert!(entry.is_none());
 }
+
+/// `poll_expired` → the stream's `poll_next`, on the mock task.
+macro_rules! poll {
+    ($queue:ident) => {
+        $queue.poll_next()
+    };
+}
+
+/// A ready `Some`, unwrapped (upstream's helper of the same name).
+macro_rules! assert_ready_some {
+    ($e:expr) => {{
+        match assert_ready!($e) {
+            Some(v) => v,
+            None => panic!("None"),
+        }
+    }};
+}
+
+/// Milliseconds, as upstream writes its durations.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
