@@ -993,7 +993,6 @@ async fn yielded_before_a_stall(batch: bool, n: usize, prefetch: usize) -> (usiz
 /// at most"; §4a: a lease starts at hand-out. Holding deliveries (not finished yet, well
 /// within their lease) must not stop a polled stream from yielding the due tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: embedded, prefetch 1: a polled stream holding its deliveries stalls with due tasks pending (claimed one never yielded)"]
 async fn a_stream_holding_deliveries_keeps_yielding_due_tasks() {
     let rounds = if full() { 20 } else { 3 };
     let mut stalls = Vec::new();
