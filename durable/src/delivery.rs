@@ -18,7 +18,8 @@ use crate::{Error, Route, TaskId};
 pub struct Deliveries {
     pub(crate) receiver: mpsc::UnboundedReceiver<Delivery>,
     pub(crate) credits: Arc<AtomicUsize>,
-    /// Claimed for this stream, not yet in `receiver`.
+    /// Claimed for this stream and not yet taken out of `receiver` (the engine counts a claim
+    /// in, this stream counts it out as it receives it).
     pub(crate) in_transit: Arc<AtomicUsize>,
     /// Set by the engine when the queue closes: what is still buffered was returned.
     pub(crate) closed: Arc<AtomicBool>,
@@ -46,14 +47,22 @@ impl Stream for Deliveries {
         }
         match self.receiver.poll_recv(cx) {
             Poll::Ready(Some(mut delivery)) => {
+                // Counted out here, by the receiver, never by the engine after its send: the
+                // engine's decrement could land after this stream had already received and
+                // yielded the delivery and been polled again. That poll saw it still counted,
+                // asked for nothing and waited for a send that no longer came, so the stream
+                // stalled with due tasks pending until something else woke it.
+                self.in_transit.fetch_sub(1, Ordering::AcqRel);
                 delivery.hand_out();
                 return Poll::Ready(Some(delivery));
             }
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => {}
         }
-        // Nothing buffered, claimed or asked for: ask for up to `prefetch` more, once. (What
-        // is in transit is sent before it leaves the count, so the buffer is looked at after.)
+        // Nothing buffered, claimed or asked for: ask for up to `prefetch` more, once. A claim
+        // counts itself in transit before it takes a credit and stays counted until this
+        // stream receives it, so while either count is set a send is still to come, and the
+        // waker `poll_recv` just registered sees it.
         if self.credits.load(Ordering::Acquire) == 0
             && self.in_transit.load(Ordering::Acquire) == 0
             && self.receiver.is_empty()

@@ -81,9 +81,11 @@ pub(crate) struct Want {
 /// One `deliveries()` stream, as the engine sees it.
 pub(crate) struct Consumer {
     pub(crate) credits: Arc<AtomicUsize>,
-    /// Claimed for this stream and not yet in its channel (a claim waits for its commit): the
-    /// stream asks for more only when this, its credits and its buffer are all empty, so it
-    /// never holds more than the prefetch ahead.
+    /// Claimed for this stream and not yet received from its channel (a claim waits for its
+    /// commit, then in the channel): the engine adds each claim before it takes the credit,
+    /// the stream subtracts it as it receives the delivery. The stream asks for more only
+    /// when this and its credits are both zero, so it never holds more than the prefetch
+    /// ahead, and never waits for a claim it already received.
     pub(crate) in_transit: Arc<AtomicUsize>,
     /// Set when the queue closes: the stream drops what it buffered (the engine returned it).
     pub(crate) closed: Arc<AtomicBool>,

@@ -48,21 +48,16 @@ on_both!(
     in_flight_cursor_task_redelivered_after_its_lease,
 );
 
-/// The stream's next delivery. Works around the embedded stall of
-/// `attack_batch::a_stream_holding_deliveries_keeps_yielding_due_tasks` (a stream holding
-/// deliveries can go quiet until another call reaches the store) so the cursor tests stay
-/// about cursors: after 500 ms of quiet, one `len()` call nudges the store.
-async fn next_nudged(
+/// The stream's next delivery, waiting at most 20 s. (These tests once nudged the store after
+/// 500 ms of quiet to get around the stall that
+/// `attack_batch::a_stream_holding_deliveries_keeps_yielding_due_tasks` checks is fixed.)
+async fn next_delivery(
     stream: &mut tokio_wheel_durable::Deliveries,
-    queue: &DurableQueue,
 ) -> tokio_wheel_durable::Delivery {
-    for _ in 0..40 {
-        if let Ok(d) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await {
-            return d.expect("stream ended");
-        }
-        queue.len().await.unwrap();
-    }
-    panic!("no delivery in 20 s");
+    tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .expect("no delivery in 20 s")
+        .expect("stream ended")
 }
 
 /// Pages through `filter` with `limit`, calling `between(last id of the page)` after each
@@ -299,7 +294,7 @@ async fn in_flight_and_dead_cursors_survive_their_task(backend: Backend) {
     let mut stream = queue.deliveries();
     let mut held = std::collections::HashMap::new();
     for _ in 0..30 {
-        let d = next_nudged(&mut stream, &queue).await;
+        let d = next_delivery(&mut stream).await;
         held.insert(d.id().to_string(), d);
     }
     // In flight, by lease end then id: the full order first, then paged while the cursor's
@@ -503,7 +498,7 @@ async fn dead_cursor_with_ties_in_time_of_death(backend: Backend) {
     let mut stream = queue.deliveries();
     let mut held = Vec::new();
     for _ in 0..n {
-        held.push(next_nudged(&mut stream, &queue).await);
+        held.push(next_delivery(&mut stream).await);
     }
     // All fail at once: many share their time of death.
     futures::future::join_all(held.iter().map(|d| d.fail("boom")))
@@ -559,7 +554,7 @@ async fn in_flight_cursor_task_redelivered_after_its_lease(backend: Backend) {
     let mut stream = queue.deliveries();
     let mut held = Vec::new();
     for _ in 0..12 {
-        let d = next_nudged(&mut stream, &queue).await;
+        let d = next_delivery(&mut stream).await;
         // Kept well past the test (extending moves it to a later lease end: listed below).
         d.extend(Duration::from_secs(60)).await.unwrap();
         held.push(d);
@@ -582,7 +577,7 @@ async fn in_flight_cursor_task_redelivered_after_its_lease(backend: Backend) {
         }
     }
     let order_after: Vec<String> = order.clone();
-    let again = next_nudged(&mut stream, &queue).await;
+    let again = next_delivery(&mut stream).await;
     assert_eq!(*again.id(), cursor_task);
     assert_eq!(again.attempt(), 2);
     let rest = queue

@@ -387,6 +387,9 @@ impl RedisEngine {
             );
             // A stream that vanished meanwhile drops the delivery, and its drop returns it.
             if let Some(target) = self.consumers.get(consumer) {
+                // In transit first (the stream counts it out as it receives it): the stream
+                // never sees both counts at zero while this delivery is on its way.
+                target.in_transit.fetch_add(1, Ordering::AcqRel);
                 target.credits.fetch_sub(1, Ordering::AcqRel);
                 let _ = target.sender.send(delivery);
             }

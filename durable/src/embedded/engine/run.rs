@@ -319,11 +319,10 @@ impl Engine {
                 engine.clone(),
                 crate::Route::Engine,
             );
-            // A stream that went away drops it, and its drop returns the task.
-            let consumer = &self.consumers[claim.consumer];
-            let _ = consumer.sender.send(delivery);
-            // After the send: a stream that sees nothing in transit finds it in its buffer.
-            consumer.in_transit.fetch_sub(1, Ordering::AcqRel);
+            // A stream that went away drops it, and its drop returns the task. The stream
+            // takes the claim out of its `in_transit` count as it receives it (see
+            // `Deliveries::poll_next`), not the engine here after the send.
+            let _ = self.consumers[claim.consumer].sender.send(delivery);
         }
         self.consumers.retain(|c| !c.sender.is_closed());
     }
