@@ -18,6 +18,7 @@ on_every_backend!(
     an_id_in_flight_fails_alone_and_the_rest_is_stored,
     empty_and_refused_batches_store_nothing,
     batches_and_single_calls_racing_workers_deliver_each_task_once_never_early,
+    a_first_call_from_a_short_lived_runtime_leaves_later_calls_working,
 );
 
 fn full() -> bool {
@@ -44,6 +45,43 @@ async fn drain(queue: &DurableQueue, n: usize) -> Vec<(String, Vec<u8>)> {
         d.ack().await.unwrap();
     }
     got
+}
+
+/// The calls that share script invocations go through a flusher started by the first call:
+/// it must run on the wheel's runtime, not on that caller's. A first `schedule` made from a
+/// runtime of its own that then ends must leave every later call working (it took the
+/// flusher along and every later call of the partition answered `Closed`).
+async fn a_first_call_from_a_short_lived_runtime_leaves_later_calls_working(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
+    let elsewhere = queue.clone();
+    let first = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let answer = runtime.block_on(elsewhere.schedule(Task::new("a").id("from-elsewhere")));
+        drop(runtime);
+        answer
+    })
+    .await
+    .unwrap();
+    assert_eq!(first.unwrap().as_str(), "from-elsewhere");
+    let later = queue.schedule(Task::new("b").id("from-here")).await;
+    assert_eq!(later.unwrap().as_str(), "from-here");
+    let many = queue
+        .schedule_many([Task::new("c").id("many")])
+        .await
+        .unwrap();
+    assert_eq!(many[0].as_ref().unwrap().as_str(), "many");
+    assert_eq!(queue.len().await.unwrap(), 3);
+    let mut got: Vec<String> = drain(&queue, 3)
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    got.sort();
+    assert_eq!(got, ["from-elsewhere", "from-here", "many"]);
 }
 
 /// 1200 tasks (more than one script's chunk) due at the same instant, one id given twice: they

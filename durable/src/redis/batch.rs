@@ -65,13 +65,18 @@ impl Entry {
 pub(super) struct Batchers {
     schedule: Vec<OnceLock<mpsc::UnboundedSender<Entry>>>,
     finish: Vec<OnceLock<mpsc::UnboundedSender<Entry>>>,
+    /// The wheel's runtime, where the flushers run: not the first caller's, which may be a
+    /// short-lived runtime of its own (its end would take the flusher along, and every later
+    /// call of the partition would answer `Closed`).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Batchers {
-    pub(super) fn new(parts: usize) -> Batchers {
+    pub(super) fn new(parts: usize, runtime: tokio::runtime::Handle) -> Batchers {
         Batchers {
             schedule: (0..parts).map(|_| OnceLock::new()).collect(),
             finish: (0..parts).map(|_| OnceLock::new()).collect(),
+            runtime,
         }
     }
 }
@@ -88,7 +93,9 @@ impl Shared {
             let (sender, receiver) = mpsc::unbounded_channel();
             // The flusher holds the queue weakly: it ends when the last handle is gone (and
             // with it this sender).
-            tokio::spawn(flusher(Arc::downgrade(self), kind, part, receiver));
+            self.batchers
+                .runtime
+                .spawn(flusher(Arc::downgrade(self), kind, part, receiver));
             sender
         });
         let _ = sender.send(entry);

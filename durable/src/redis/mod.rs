@@ -156,7 +156,7 @@ pub(crate) async fn start(
             .map(|tag| Keys::new(tag))
             .collect(),
         scripts: Scripts::load(),
-        batchers: batch::Batchers::new(target.partitions),
+        batchers: batch::Batchers::new(target.partitions, attach(wheel).runtime),
         link,
         settings,
         replicas: target.replicas,

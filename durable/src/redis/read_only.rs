@@ -43,7 +43,7 @@ pub(super) async fn start(
         waiting: None,
         read_only: true,
         // Never used: writes are refused before they reach a batch.
-        batchers: super::batch::Batchers::new(partitions),
+        batchers: super::batch::Batchers::new(partitions, attach(wheel).runtime),
     });
     // The permission to read every partition (as an ordinary handle checks it at open).
     let reads = shared.parts.iter().map(|keys| {
