@@ -658,6 +658,9 @@ async fn real_server_idle_close_and_long_busy_handler() {
             .header("host", "x")
             .body(Empty::<Bytes>::new())
             .unwrap();
+        // hyper's client takes a request only once the previous exchange
+        // is done with (`ready`); a closed connection fails here too.
+        send.ready().await.expect("a busy request was cut off");
         let resp = send
             .send_request(req)
             .await

@@ -394,6 +394,7 @@ async fn http2_and_the_auto_builder_run_their_keep_alive_pings_on_the_wheel() {
         let request = Request::get(format!("http://{addr}/"))
             .body(Empty::<Bytes>::new())
             .unwrap();
+        send.ready().await.unwrap();
         let response = send.send_request(request).await.unwrap();
         assert_eq!(response.version(), hyper::Version::HTTP_2);
         let body = response.into_body().collect().await.unwrap().to_bytes();
