@@ -118,6 +118,40 @@ proptest! {
             }
         });
     }
+
+    #[test]
+    fn a_by_key_reset_made_before_the_deadline_always_wins(delay_us in 500u64..3_000, offset_us in 0u64..3_000) {
+        let runtime = runtime();
+        runtime.block_on(async {
+            let wheel = Wheel::new();
+            let (timers, mut expired) = wheel.keyed::<u32, u32>();
+            let deadline = Instant::now() + Duration::from_micros(delay_us);
+            for key in 0..64 {
+                timers.set_at(key, key, deadline);
+            }
+            wait_around(offset_us).await;
+            let later = deadline + Duration::from_secs(3_600);
+            let mut in_time = Vec::new();
+            for key in 0..64 {
+                timers.reset_at(&key, later);
+                if Instant::now() < deadline {
+                    in_time.push(key);
+                }
+            }
+            // Whatever fired has fired by now; the rest are delivered by the shutdown.
+            tokio::time::sleep_until(deadline + Duration::from_millis(20)).await;
+            wheel.shutdown().await;
+            while let Some(e) = expired.next().await {
+                let key = *e.key();
+                if !e.is_shutdown() {
+                    assert!(
+                        !in_time.contains(&key),
+                        "key {key} fired at its old deadline although its reset returned before it"
+                    );
+                }
+            }
+        });
+    }
 }
 
 #[test]

@@ -97,6 +97,18 @@ const RETAINED_BATCH: usize = 4 * 1024;
 /// enough that memory returns soon after a burst, with no command needed.
 pub(crate) const IDLE_GRACE: Duration = Duration::from_millis(200);
 
+/// Whether a firing comes after every command sent before its `now` was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backlog {
+    /// The clock was read before the inbox was taken, and all that was taken is applied: a
+    /// command made before `now` — a move or removal that returned before the deadline — has
+    /// taken effect.
+    Applied,
+    /// A flood's turn fires between slices of its batch: commands made before `now` may still
+    /// wait in it.
+    Unapplied,
+}
+
 /// What a machine may use while applying a command or firing.
 pub(crate) struct Ctx<'a> {
     pub(crate) shared: &'a Arc<Shared>,
@@ -111,8 +123,10 @@ pub(crate) trait Machine: Send + 'static {
     fn apply(&mut self, command: Self::Command, ctx: &mut Ctx<'_>);
 
     /// Fires up to `budget` timers due at offset `now`; returns how many it looked at (fewer
-    /// than `budget`: nothing due is left).
-    fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize;
+    /// than `budget`: nothing due is left). `backlog` says whether every command sent before
+    /// `now` has been applied: if not, one still queued may move or remove a timer that looks
+    /// due, and a machine whose commands carry deadlines must not fire what they may touch.
+    fn fire(&mut self, now: u64, budget: usize, backlog: Backlog, ctx: &mut Ctx<'_>) -> usize;
 
     /// The offset to wake at next, if anything is filed.
     fn next_wake(&self) -> Option<u64>;
@@ -335,6 +349,10 @@ impl<M: Machine> Actor<M> {
     /// out), then fire what is due. Returns whether it took commands, and whether it did
     /// anything.
     async fn turn(&mut self) -> (bool, bool) {
+        // The clock first: every command sent before this instant is in the take below, so
+        // firing up to it never lets a timer that is due by it beat a move or removal that
+        // returned before its deadline.
+        let now = self.shared.clock.now();
         let took = self.take();
         if took > 0 {
             tracing::trace!(took, "applying commands");
@@ -348,7 +366,7 @@ impl<M: Machine> Actor<M> {
             self.apply_batch().await;
         }
         let took = worked;
-        worked |= self.fire_due().await > 0;
+        worked |= self.fire_due(Some(now)).await > 0;
         (took, worked)
     }
 
@@ -359,7 +377,7 @@ impl<M: Machine> Actor<M> {
         while !self.batch.is_empty() {
             self.apply_slice();
             if !self.batch.is_empty() && stretch.elapsed() >= budget {
-                self.fire_due().await;
+                self.fire_due(None).await;
                 tokio::task::yield_now().await;
                 budget = (budget * 2).min(MAX_TURN_BUDGET);
                 stretch = std::time::Instant::now();
@@ -383,16 +401,24 @@ impl<M: Machine> Actor<M> {
         }
     }
 
-    /// Fires everything due, yielding between batches. Returns how many timers it looked at.
-    async fn fire_due(&mut self) -> usize {
+    /// Fires everything due, yielding between batches: first by `settled`, an instant read
+    /// before the inbox was taken and all of it applied, then (or, in the middle of a batch,
+    /// from the start) by the clock — commands may arrive while it yields. Returns how many
+    /// timers it looked at.
+    async fn fire_due(&mut self, mut settled: Option<u64>) -> usize {
         let mut total = 0;
         loop {
-            let now = self.shared.clock.now();
+            // Later batches read the clock anew: by a fixed instant, timers parked within
+            // their tick would be shown again and again without coming due.
+            let (now, backlog) = match settled.take() {
+                Some(now) => (now, Backlog::Applied),
+                None => (self.shared.clock.now(), Backlog::Unapplied),
+            };
             let mut ctx = Ctx {
                 shared: &self.shared,
                 delta: &mut self.delta,
             };
-            let shown = self.machine.fire(now, FIRE_BATCH, &mut ctx);
+            let shown = self.machine.fire(now, FIRE_BATCH, backlog, &mut ctx);
             total += shown;
             if shown < FIRE_BATCH {
                 if shown > 0 {

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use super::inbox::{Inbox, Placeholder};
 use super::timeline::{Moves, Timeline, Verdict};
-use super::{Ctx, Machine};
+use super::{Backlog, Ctx, Machine};
 use crate::timer::Launch;
 use crate::timer::clock::Clock;
 use crate::timer::pool::Pool;
@@ -165,7 +165,9 @@ impl Machine for TimerMachine {
         }
     }
 
-    fn fire(&mut self, now: u64, budget: usize, ctx: &mut Ctx<'_>) -> usize {
+    fn fire(&mut self, now: u64, budget: usize, _backlog: Backlog, ctx: &mut Ctx<'_>) -> usize {
+        // A queued command never makes a due timer wrong to fire: cancels and moves are in
+        // the shared word before their command is sent.
         let TimerMachine {
             timeline,
             jobs,

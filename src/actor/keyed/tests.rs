@@ -1,0 +1,184 @@
+//! The keyed machine's races, driven deterministically.
+
+use super::*;
+
+#[test]
+fn commands_and_entries_stay_small() {
+    // A flood queues millions of commands: one byte more per command and 2^20 of them
+    // outgrow glibc's 32 MiB mmap ceiling, so every flood page-faults afresh.
+    assert_eq!(size_of::<KeyedCommand<u64, u64>>(), 32);
+    assert_eq!(size_of::<KeyedCommand<u64, ()>>(), 24);
+    assert_eq!(size_of::<KeyedCommand<String, ()>>(), 40);
+    // The deadline's niche makes the free-slot marker cost nothing.
+    assert_eq!(size_of::<Option<Entry<u64, u64>>>(), 24);
+}
+
+/// The interleaving behind the race of a handle's later `reset` with expiry, made
+/// deterministic: the actor's turn has taken the inbox; the handle, its move held behind a
+/// command in flight, counts and queues it and returns — before the old deadline; then the
+/// actor reads the clock (past the old deadline) and fires. The entry must wait for the
+/// move, not fire at the old deadline.
+#[tokio::test(start_paused = true)]
+async fn a_queued_handle_move_is_never_lost_to_the_expiry_it_races() {
+    let Bench {
+        shared,
+        mut machine,
+        mut expired,
+    } = Bench::new();
+    let mut delta = Default::default();
+    let mut ctx = Ctx {
+        shared: &shared,
+        delta: &mut delta,
+    };
+    let word = Arc::new(DeadlineWord::new(ms(5)));
+    let insert = KeyedCommand::Insert {
+        key: 1,
+        value: 1,
+        word: word.clone(),
+    };
+    machine.apply(insert, &mut ctx);
+    let id = word.id().expect("filed");
+    let target = || Target::Filed {
+        id,
+        word: Arc::as_ptr(&word) as usize,
+    };
+    // The handle counts its move and queues it; the actor has not taken it.
+    word.sending();
+    let queued = KeyedCommand::Move(Box::new((target(), ms(50))));
+    // The actor fires at 6 ms (the old deadline was 5 ms).
+    machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    assert!(expired.try_recv().is_err(), "fired at the old deadline");
+    assert_eq!(word.load(), (false, ms(5)));
+    // Its next turn takes the move; the entry then fires at the new deadline only.
+    machine.apply(queued, &mut ctx);
+    machine.fire(ms(7) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    machine.fire(ms(49) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    assert!(expired.try_recv().is_err(), "fired before the new deadline");
+    machine.fire(ms(50) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    match expired.try_recv() {
+        Ok(Delivery::Fired(expiry)) => assert_eq!(expiry.deadline, ms(50)),
+        _ => panic!("not fired at the new deadline"),
+    }
+    assert_eq!(word.load(), (true, ms(50)));
+}
+
+const FIRE_FOR_TEST: usize = 1024;
+
+#[test]
+fn own_deadlines_round_trip_and_never_read_as_shared() {
+    for deadline in [0, 1, -1, i64::MAX, i64::MIN + 2] {
+        assert_eq!(Due::own(deadline).deadline(), Some(deadline));
+    }
+    assert_eq!(Due::own(i64::MIN).deadline(), Some(i64::MIN + 2));
+    assert_eq!(Due::own(i64::MIN + 1).deadline(), Some(i64::MIN + 2));
+    assert_eq!(Due::SHARED.deadline(), None);
+}
+
+/// Nanoseconds in `n` milliseconds.
+fn ms(n: i64) -> i64 {
+    n * 1_000_000
+}
+
+/// A keyed machine on a 1 ms tick, driven by hand (no actor, no inbox), and its expirations.
+struct Bench {
+    shared: Arc<Shared>,
+    machine: KeyedMachine<u32, u32>,
+    expired: mpsc::UnboundedReceiver<Delivery<u32, u32>>,
+}
+
+impl Bench {
+    fn new() -> Self {
+        let tick = std::time::Duration::from_millis(1);
+        let levels = crate::Layout::clock().slots_per_level(tick).unwrap();
+        let clock = Clock::new(tokio::time::Instant::now(), tick);
+        let handle = tokio::runtime::Handle::current();
+        let shared = Arc::new(Shared::new("t".into(), clock, handle, None, levels.clone()));
+        let (sender, expired) = mpsc::unbounded_channel();
+        let hasher = foldhash::fast::RandomState::default();
+        let ledger = Arc::new(Ledger::default());
+        let timers = Arc::new(AtomicUsize::new(1));
+        let machine = KeyedMachine::new(&levels, clock, sender, hasher, ledger, timers);
+        Bench {
+            shared,
+            machine,
+            expired,
+        }
+    }
+}
+
+/// Counts a by-key command on `key` in the ledger, as `Timers` does before queueing it.
+fn count_sent(machine: &KeyedMachine<u32, u32>, key: u32) {
+    let stripe = Ledger::stripe(machine.hasher.hash_one(key));
+    machine.ledger.sending(stripe);
+}
+
+/// A flood's turn fires between slices of its batch: a by-key `reset` (or `remove`) made
+/// before the deadline may still wait in the batch. The entry must wait for it rather than
+/// fire at the old deadline; once the batch is applied, it fires at the new one.
+#[tokio::test(start_paused = true)]
+async fn a_by_key_reset_waiting_in_a_flood_batch_is_never_lost_to_expiry() {
+    let Bench {
+        shared,
+        mut machine,
+        mut expired,
+    } = Bench::new();
+    let mut delta = Default::default();
+    let mut ctx = Ctx {
+        shared: &shared,
+        delta: &mut delta,
+    };
+    count_sent(&machine, 1);
+    let set = KeyedCommand::Set {
+        key: 1,
+        value: 1,
+        deadline: ms(5),
+    };
+    machine.apply(set, &mut ctx);
+    // The reset is counted and queued; the actor took it but has not applied it yet.
+    count_sent(&machine, 1);
+    let reset = KeyedCommand::Reset {
+        key: 1,
+        deadline: ms(50),
+    };
+    machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Unapplied, &mut ctx);
+    assert!(expired.try_recv().is_err(), "fired past a queued reset");
+    machine.apply(reset, &mut ctx);
+    machine.fire(ms(7) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    machine.fire(ms(49) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    assert!(expired.try_recv().is_err(), "fired before the new deadline");
+    machine.fire(ms(50) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    match expired.try_recv() {
+        Ok(Delivery::Fired(expiry)) => assert_eq!(expiry.deadline, ms(50)),
+        _ => panic!("not fired at the new deadline"),
+    }
+}
+
+/// With the batch applied, nothing holds a due entry back, however busy its stripe: by-key
+/// traffic on other keys of the stripe never starves it.
+#[tokio::test(start_paused = true)]
+async fn an_applied_batch_fires_due_entries_whatever_is_in_flight() {
+    let Bench {
+        shared,
+        mut machine,
+        mut expired,
+    } = Bench::new();
+    let mut delta = Default::default();
+    let mut ctx = Ctx {
+        shared: &shared,
+        delta: &mut delta,
+    };
+    count_sent(&machine, 1);
+    let set = KeyedCommand::Set {
+        key: 1,
+        value: 1,
+        deadline: ms(5),
+    };
+    machine.apply(set, &mut ctx);
+    // Sent after the turn read its clock: not in this turn's batch.
+    count_sent(&machine, 1);
+    machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    match expired.try_recv() {
+        Ok(Delivery::Fired(expiry)) => assert_eq!(expiry.deadline, ms(5)),
+        _ => panic!("a due entry was held back"),
+    }
+}
