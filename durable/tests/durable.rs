@@ -332,7 +332,11 @@ async fn scheduling_an_existing_id_replaces_it_unless_in_flight(backend: Backend
 async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back(backend: Backend) {
     let Some(f) = fixture(backend) else { return };
     let queue = f
-        .open_with(DurableQueue::builder().prefetch(3).lease(ms(800)))
+        .open_with(
+            DurableQueue::builder()
+                .prefetch(3)
+                .lease(Duration::from_secs(60)),
+        )
         .await;
     for i in 0..10 {
         queue
@@ -358,14 +362,11 @@ async fn a_stream_claims_at_most_its_prefetch_and_dropped_deliveries_come_back(b
         "the greedy stream holds 3 claimed"
     );
     first.ack().await.unwrap();
-    let dropped = std::time::Instant::now();
-    drop(greedy); // two claimed, never read: back at once, not counted as deliveries
+    // Two claimed, never read: back at once (within `next`'s 5 s, not after the 60 s
+    // lease), not counted as deliveries.
+    drop(greedy);
     for _ in 0..2 {
         let d = next(&mut other).await;
-        assert!(
-            dropped.elapsed() < ms(400),
-            "buffered claims must come back at once, not after the 800 ms lease"
-        );
         assert_eq!(d.attempt(), 1);
         assert!(seen.insert(d.id().clone()));
         d.ack().await.unwrap();

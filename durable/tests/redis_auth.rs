@@ -18,8 +18,9 @@ use support::redis_server::{self, RedisServer};
 use tokio_wheel::Wheel;
 use tokio_wheel_durable::{Builder, DurableQueue, Error, Task};
 
-/// "At once": well inside the 10 s a transient failure is retried for.
-const AT_ONCE: Duration = Duration::from_secs(2);
+/// "At once": half the 10 s a transient failure is retried for (a loaded 2-core machine
+/// can take a second or two to connect; a retried failure takes all 10).
+const AT_ONCE: Duration = Duration::from_secs(5);
 
 // Distinctive, so a leak cannot hide behind a common word.
 const REQUIREPASS: &str = "rq-Secret-4f1e9a";
@@ -784,8 +785,9 @@ async fn with_replicas_a_write_returns_only_once_a_replica_has_it() {
         .unwrap()
         .unwrap();
     assert_eq!(id.as_str(), "replicated");
+    // Well before the 4 s window would have run out.
     assert!(
-        start.elapsed() < Duration::from_secs(2),
+        start.elapsed() < Duration::from_secs(3),
         "{:?}",
         start.elapsed()
     );
@@ -805,12 +807,11 @@ async fn without_replicas_a_write_does_not_wait_for_them() {
         .unwrap();
     queue.schedule(Task::new("w").id("warm-up")).await.unwrap();
     let frozen = Frozen::new(&replica);
-    let start = Instant::now();
-    tokio::time::timeout(ms(500), queue.schedule(Task::new("m").id("master-only")))
+    // Waiting for the replica would take the whole 4 s window.
+    tokio::time::timeout(ms(2_500), queue.schedule(Task::new("m").id("master-only")))
         .await
         .expect("does not wait for the frozen replica")
         .unwrap();
-    assert!(start.elapsed() < ms(500));
     assert!(has_task(&master, "nowait", "master-only"));
     drop(frozen);
 }
