@@ -8,6 +8,8 @@ pub mod redis_cluster;
 pub mod redis_server;
 #[path = "../../../tests/support/rng.rs"]
 mod rng;
+#[cfg(feature = "cli")]
+pub mod twq;
 #[allow(unused_imports)]
 pub use rng::Rng;
 
