@@ -1,8 +1,8 @@
 //! Batched writes: `schedule_many` (order, ties, replacement, an id in flight, empty and
 //! oversized batches, a reserved id), a batch racing workers (each task delivered exactly
 //! once, never early), and finishes that share one script on Redis (a stale ack still answers
-//! `LeaseLost` and changes nothing; an `Ok` ack always deleted its task). Both backends where
-//! the API applies.
+//! `LeaseLost` and changes nothing; an `Ok` ack always deleted its task), and claims that trim
+//! the lateness window in steps (it stays bounded). Both backends where the API applies.
 
 mod support;
 
@@ -342,4 +342,34 @@ async fn a_batch_over_partitions_stores_every_task_once() {
     }
     assert!(seen.values().all(|&n| n == 1));
     assert_eq!(queue.len().await.unwrap(), 0);
+}
+
+/// Claims keep the lateness window bounded although they trim it only now and then (once it
+/// passes 1100 entries, back to 1000): after 1500 deliveries it holds 1000 to 1100 entries,
+/// and `stats` still counts every delivery.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_lateness_window_stays_bounded_while_claims_trim_it_in_steps() {
+    let Some(f) = fixture(Backend::Redis) else {
+        return;
+    };
+    let queue = f.open_named(DurableQueue::builder(), "late").await;
+    let tasks = 1500;
+    let answers = queue
+        .schedule_many((0..tasks).map(|i| Task::new("x").id(format!("t{i}"))))
+        .await
+        .unwrap();
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(drain(&queue, tasks).await.len(), tasks);
+    let url = f.redis.as_ref().expect("server").url();
+    let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let window: u64 = redis::cmd("LLEN")
+        .arg("tw:{late}:lateness")
+        .query(&mut connection)
+        .unwrap();
+    assert!(
+        (1000..=1100).contains(&window),
+        "{window} lateness entries after {tasks} deliveries"
+    );
+    assert_eq!(queue.stats().await.unwrap().delivered, tasks as u64);
 }

@@ -321,9 +321,8 @@ impl RedisEngine {
         let keys = &shared.parts[p];
         let settings = &shared.settings;
         let wanted = self.wanted().min(share).min(CLAIM_BATCH);
-        let previous = keys.claim_record(&self.claimer, self.claims);
         self.claims += 1;
-        let record = keys.claim_record(&self.claimer, self.claims);
+        let record = keys.claim_record(&self.claimer);
         let sent = Instant::now();
         let sent_wall = now_ms();
         let reply: Vec<Vec<u8>> = shared
@@ -337,7 +336,6 @@ impl RedisEngine {
                     &keys.token,
                     &keys.payload,
                     &record,
-                    &previous,
                     &keys.idle,
                     &keys.stats,
                     &keys.lateness,
@@ -349,7 +347,8 @@ impl RedisEngine {
                     settings.policy.attempts(),
                     &keys.channel,
                     EXPIRE_BATCH,
-                    &self.own_channel
+                    &self.own_channel,
+                    self.claims
                 ],
             )
             .await?;

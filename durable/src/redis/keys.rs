@@ -63,9 +63,9 @@ impl Keys {
         ]
     }
 
-    /// Where one claim call records what it handed out.
-    pub(super) fn claim_record(&self, claimer: &str, call: u64) -> String {
-        format!("{}claim:{claimer}:{call}", self.prefix)
+    /// Where a worker's claim calls record what the last of them handed out.
+    pub(super) fn claim_record(&self, claimer: &str) -> String {
+        format!("{}claim:{claimer}", self.prefix)
     }
 }
 

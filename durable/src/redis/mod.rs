@@ -19,9 +19,9 @@
 //! | `tw:{orders}:dead` | sorted set | dead ids, score = time of death (ms) |
 //! | `tw:{orders}:seq`, `tw:{orders}:token` | counters | schedule order, delivery tokens |
 //! | `tw:{orders}:stats` | hash | the counters of [`QueueStats`](crate::QueueStats) |
-//! | `tw:{orders}:lateness` | list | lateness (ms) of the last 1000 claims |
+//! | `tw:{orders}:lateness` | list | lateness (ms) of recent deliveries (trimmed to 1000 once past 1100; stats reads the last 1000) |
 //! | `tw:{orders}:done:<id>` | string, expires after one lease | `token|call|schedule-call` of the task's last finish, so that finish call, and the schedule call that made the task, retried after a lost reply, are recognised |
-//! | `tw:{orders}:claim:<claimer>:<n>` | list, expires after one lease | `id, token, …` of one claim call, so a claim whose reply was lost is answered again |
+//! | `tw:{orders}:claim:<claimer>` | string, expires after one lease | the call number and `id, token, …` of the worker's last claim call that handed something out, so a claim whose reply was lost is answered again |
 //!
 //! # One clock
 //!

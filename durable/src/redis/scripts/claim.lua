@@ -7,13 +7,14 @@
 -- KEYS[4] dead       sorted set: dead ids, score = time of death
 -- KEYS[5] token      counter: delivery tokens
 -- KEYS[6] payload    hash: id → payload
--- KEYS[7] record     list `tw:{q}:claim:<claimer>:<n>`: `id, token, …` handed out by this
---                    call (expires after a lease), so a retry of it is answered again
--- KEYS[8] previous   the record of this worker's previous claim call, deleted: its reply
---                    arrived, or this call would not be running
--- KEYS[9] idle       sorted set: workers with room that found nothing due, score = since when
--- KEYS[10] stats     hash: the queue's counters
--- KEYS[11] lateness  list: lateness (ms) of the last 1000 deliveries
+-- KEYS[7] record     string `tw:{q}:claim:<claimer>`: this worker's last claim call that
+--                    handed something out, `<call>|` then a msgpack array `id, token, …`
+--                    (expires after a lease), so a retry of that call is answered again; the
+--                    next call replaces it (the previous call's reply arrived, or this call
+--                    would not be running)
+-- KEYS[8] idle       sorted set: workers with room that found nothing due, score = since when
+-- KEYS[9] stats      hash: the queue's counters
+-- KEYS[10] lateness  list: lateness (ms) of the recent deliveries (1000 to 1100 of them)
 --
 -- ARGV[1] label      'tw-claim' (not read)
 -- ARGV[2] lease      ms
@@ -22,6 +23,7 @@
 -- ARGV[5] channel    the partition's wake channel
 -- ARGV[6] batch      most expired leases moved by this call
 -- ARGV[7] worker     this worker's own wake channel (its member in the idle set)
+-- ARGV[8] call       this claim call's number (the same on every retry of it)
 --
 -- Reply: now (server ms), next due ('' if none), next lease end ('' if none), more ('1' if
 -- expired leases remain beyond the batch), then per task handed out: id, due, attempt,
@@ -37,7 +39,6 @@
 
 local now = now_ms()
 local lease = tonumber(ARGV[2])
-redis.call('DEL', KEYS[8])
 local out = {}
 -- A task goes out with its payload, read in this same script.
 local function hand_out(id, d, att, tok)
@@ -48,7 +49,13 @@ local function hand_out(id, d, att, tok)
   table.insert(out, redis.call('HGET', KEYS[6], id) or '')
 end
 local more = 0
-local replay = redis.call('LRANGE', KEYS[7], 0, -1)
+local nd = nil -- the due set's head, once read after this call's changes
+local replay = {}
+local recorded = redis.call('GET', KEYS[7])
+local prefix = ARGV[8] .. '|'
+if recorded and string.sub(recorded, 1, #prefix) == prefix then
+  replay = cmsgpack.unpack(string.sub(recorded, #prefix + 1))
+end
 if #replay > 0 then
   -- This claim ran before and its reply was lost: hand out the same tasks again.
   for i = 1, #replay, 2 do
@@ -84,11 +91,11 @@ else
         redis.call('HSET', KEYS[1], id, record('d', d, seq, att, '0',
           'lease expired on delivery ' .. fmt(att) .. ' of ' .. ARGV[4], call))
         redis.call('ZADD', KEYS[4], now, id)
-        redis.call('HINCRBY', KEYS[10], 'dead_lettered', 1)
+        redis.call('HINCRBY', KEYS[9], 'dead_lettered', 1)
       else
-        redis.call('HINCRBY', KEYS[10], 'expired', 1)
+        redis.call('HINCRBY', KEYS[9], 'expired', 1)
         if not announced then
-          announce(KEYS[2], ARGV[5], KEYS[9], now, now)
+          announce(KEYS[2], ARGV[5], KEYS[8], now, now)
           announced = true
         end
         redis.call('HSET', KEYS[1], id, record('p', now, seq, att, '0', '', call))
@@ -136,29 +143,31 @@ else
         table.insert(out, body)
       end
       redis.call('ZADD', KEYS[3], unpack(leases))
-      redis.call('RPUSH', KEYS[7], unpack(replays))
+      redis.call('SET', KEYS[7], prefix .. cmsgpack.pack(replays), 'PX', lease)
       redis.call('HSET', KEYS[1], unpack(records))
     end
-    if #due > 0 then redis.call('PEXPIRE', KEYS[7], lease) end
     if #late > 0 then
-      redis.call('HINCRBY', KEYS[10], 'delivered', #late)
-      redis.call('RPUSH', KEYS[11], unpack(late))
-      redis.call('LTRIM', KEYS[11], -1000, -1)
+      redis.call('HINCRBY', KEYS[9], 'delivered', #late)
+      -- Trimmed back to 1000 only once it passes 1100: one call per claim, not two.
+      if redis.call('RPUSH', KEYS[10], unpack(late)) > 1100 then
+        redis.call('LTRIM', KEYS[10], -1000, -1)
+      end
     end
     if #due < wanted then
-      redis.call('ZADD', KEYS[9], now, ARGV[7])
+      redis.call('ZADD', KEYS[8], now, ARGV[7])
     else
-      redis.call('ZREM', KEYS[9], ARGV[7])
+      redis.call('ZREM', KEYS[8], ARGV[7])
     end
   else
-    redis.call('ZREM', KEYS[9], ARGV[7])
+    redis.call('ZREM', KEYS[8], ARGV[7])
   end
-  local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if head[2] and tonumber(head[2]) <= now and (wanted == 0 or #out == wanted * 5) then
-    wake_one(KEYS[9])
+  nd = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if nd[2] and tonumber(nd[2]) <= now and (wanted == 0 or #out == wanted * 5) then
+    -- Waking another worker changes no set this reply reads.
+    wake_one(KEYS[8])
   end
 end
-local nd = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+nd = nd or redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local nl = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 local head = {fmt(now), nd[2] or '', nl[2] or '', fmt(more)}
 for _, v in ipairs(out) do table.insert(head, v) end

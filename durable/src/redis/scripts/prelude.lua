@@ -31,9 +31,9 @@ local function parse(m)
     string.match(m, '^(%a)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|(.*)$')
   return st, tonumber(d), tonumber(seq), tonumber(att), tok, reason, call
 end
+-- One C call builds the whole record (the same text as formatting each number apart).
 local function record(st, d, seq, att, tok, reason, call)
-  return st .. '|' .. fmt(d) .. '|' .. fmt(seq) .. '|' .. fmt(att) .. '|' .. tok .. '|' ..
-    (call or '') .. '|' .. reason
+  return string.format('%s|%d|%d|%d|%s|%s|%s', st, d, seq, att, tok, call or '', reason)
 end
 -- Wakes one idle worker (one with room for more that found nothing to claim) to claim now;
 -- the message names the idle set, so the worker knows which partition.

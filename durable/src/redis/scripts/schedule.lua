@@ -54,6 +54,22 @@ local ids = {}
 for i = 0, n - 1 do ids[i + 1] = ARGV[3 + i * 5] end
 local metas = redis.call('HMGET', KEYS[2], unpack(ids))
 local met = {}
+-- The marks of the tasks with no record, in one call too (only finish scripts write marks,
+-- so what this reads stays true for the whole batch).
+local marks, unmarked = {}, {}
+for i = 1, n do
+  if not metas[i] then table.insert(unmarked, KEYS[7 + i]) end
+end
+if #unmarked > 0 then
+  local values = redis.call('MGET', unpack(unmarked))
+  local k = 0
+  for i = 1, n do
+    if not metas[i] then
+      k = k + 1
+      marks[i] = values[k]
+    end
+  end
+end
 -- Sequence numbers for the whole batch at once (unused ones leave gaps: only order counts).
 local seq_next = redis.call('INCRBY', KEYS[5], n) - n
 for i = 0, n - 1 do
@@ -82,7 +98,7 @@ for i = 0, n - 1 do
       if st == 'R' then redis.call('ZREM', KEYS[7], id) end
     end
   else
-    local mark = redis.call('GET', KEYS[8 + i])
+    local mark = marks[i + 1]
     if mark and string.match(mark, '|([^|]*)$') == call then answer = 'OK' end
   end
   if answer == nil then

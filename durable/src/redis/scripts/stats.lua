@@ -18,7 +18,7 @@ local out = {redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[2]),
 for _, name in ipairs({'delivered', 'acked', 'retried', 'dead_lettered', 'expired', 'returned'}) do
   table.insert(out, tonumber(redis.call('HGET', KEYS[4], name) or '0'))
 end
-for _, late in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do
+for _, late in ipairs(redis.call('LRANGE', KEYS[5], -1000, -1)) do
   table.insert(out, tonumber(late))
 end
 return out
