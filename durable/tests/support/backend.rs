@@ -1,6 +1,7 @@
 //! One queue on each backend the features allow, for tests that run the same behaviour on
 //! both: an embedded redb file in a tempdir, or a `redis-server` of the test's own.
 
+use futures::StreamExt;
 use tokio_wheel::Wheel;
 use tokio_wheel_durable::{Builder, DurableQueue};
 
@@ -52,6 +53,55 @@ impl Fixture {
 
     pub async fn open(&self) -> DurableQueue {
         self.open_named(DurableQueue::builder(), "queue").await
+    }
+}
+
+impl Fixture {
+    /// Where the embedded backend keeps the queue of [`open`](Self::open).
+    pub fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("queue.redb")
+    }
+
+    /// The queue of [`open`](Self::open), built by `builder`.
+    pub async fn open_with(&self, builder: Builder) -> DurableQueue {
+        self.open_named(builder, "queue").await
+    }
+
+    /// Opens the queue again, waiting for the embedded store's lock to be released.
+    pub async fn reopen(&self, builder: Builder) -> DurableQueue {
+        for _ in 0..200 {
+            match self.backend {
+                Backend::Embedded => match builder.clone().open(self.path(), &self.wheel).await {
+                    Ok(queue) => return queue,
+                    Err(tokio_wheel_durable::Error::Locked) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                    }
+                    Err(other) => panic!("{other}"),
+                },
+                Backend::Redis => return self.open_with(builder).await,
+            }
+        }
+        panic!("the store was never released");
+    }
+}
+
+/// The stream's next delivery, within 5 s.
+pub async fn next(
+    deliveries: &mut tokio_wheel_durable::Deliveries,
+) -> tokio_wheel_durable::Delivery {
+    tokio::time::timeout(std::time::Duration::from_secs(5), deliveries.next())
+        .await
+        .expect("a delivery within 5 s")
+        .expect("the stream is open")
+}
+
+/// No delivery comes within `wait`.
+pub async fn nothing_within(
+    deliveries: &mut tokio_wheel_durable::Deliveries,
+    wait: std::time::Duration,
+) {
+    if let Ok(Some(d)) = tokio::time::timeout(wait, deliveries.next()).await {
+        panic!("unexpected delivery {d:?}");
     }
 }
 
