@@ -74,29 +74,8 @@ async fn reopen(fx: &Fixture, old: DurableQueue) -> DurableQueue {
     fx.open().await
 }
 
-macro_rules! on_both {
-    ($($test:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Embedded).await;
-                }
-            )*
-        }
-        #[cfg(feature = "redis")]
-        mod on_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Redis).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both!(
+on_every_backend!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     answers_in_order_and_in_flight_fails_alone,
     duplicate_ids_in_one_batch_the_later_replaces,
     ties_in_due_time_go_in_batch_order,

@@ -13,29 +13,8 @@ use futures::StreamExt;
 use support::backend::{Backend, fixture};
 use tokio_wheel_durable::{Cursor, DurableQueue, Error, Recurring, Task, TaskFilter, TaskId};
 
-macro_rules! on_both {
-    ($($test:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Embedded).await;
-                }
-            )*
-        }
-        #[cfg(feature = "redis")]
-        mod on_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(super::Backend::Redis).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both!(
+on_every_backend!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     pending_cursor_survives_whatever_happens_to_its_task,
     pending_cursor_inside_a_tie_group,
     pending_cursor_task_acked_or_redelivered,

@@ -106,13 +106,14 @@ pub async fn nothing_within(
 }
 
 /// Runs each listed test (an `async fn(Backend)` of the file) on every backend the features
-/// allow.
+/// allow, as `#[tokio::test]`s — or under the test attribute given first
+/// (`on_every_backend!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] a, b)`).
 #[macro_export]
 macro_rules! on_every_backend {
-    ($($test:ident),* $(,)?) => {
+    (#[$test_attribute:meta] $($test:ident),* $(,)?) => {
         mod embedded {
             $(
-                #[tokio::test]
+                #[$test_attribute]
                 async fn $test() {
                     super::$test(super::Backend::Embedded).await;
                 }
@@ -121,11 +122,14 @@ macro_rules! on_every_backend {
         #[cfg(feature = "redis")]
         mod on_redis {
             $(
-                #[tokio::test]
+                #[$test_attribute]
                 async fn $test() {
                     super::$test(super::Backend::Redis).await;
                 }
             )*
         }
+    };
+    ($($test:ident),* $(,)?) => {
+        $crate::on_every_backend!(#[tokio::test] $($test),*);
     };
 }
