@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use support::backend::{Backend, fixture};
+use support::backend::{Backend, fixture, next_delivery};
 use tokio_wheel_durable::{Cursor, DurableQueue, Error, Recurring, Task, TaskFilter, TaskId};
 
 on_every_backend!(
@@ -24,18 +24,6 @@ on_every_backend!(
     dead_cursor_with_ties_in_time_of_death,
     in_flight_cursor_task_redelivered_after_its_lease,
 );
-
-/// The stream's next delivery, waiting at most 20 s. (These tests once nudged the store after
-/// 500 ms of quiet to get around the stall that
-/// `attack_batch::a_stream_holding_deliveries_keeps_yielding_due_tasks` checks is fixed.)
-async fn next_delivery(
-    stream: &mut tokio_wheel_durable::Deliveries,
-) -> tokio_wheel_durable::Delivery {
-    tokio::time::timeout(Duration::from_secs(20), stream.next())
-        .await
-        .expect("no delivery in 20 s")
-        .expect("stream ended")
-}
 
 /// Pages through `filter` with `limit`, calling `between(last id of the page)` after each
 /// page; returns every id listed, in order.
