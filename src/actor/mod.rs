@@ -284,7 +284,6 @@ impl<M: Machine> Actor<M> {
             if self.inbox.has_pending() {
                 continue;
             }
-            last_yield = std::time::Instant::now();
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break Exit::Shutdown,
@@ -292,6 +291,9 @@ impl<M: Machine> Actor<M> {
                 () = self.inbox.wait() => {}
                 () = &mut timer, if armed.is_some() => armed = None,
             }
+            // Busy from here: the wait is not work. (Counted from before the wait, every turn
+            // after a wait of a tick or more yielded, and a yield wakes the other worker.)
+            last_yield = std::time::Instant::now();
         };
         if exit == Exit::Shutdown {
             self.wind_down().await;
