@@ -5,7 +5,8 @@
 //! The actor learns a timer's deadline from the command that files it and touches the slot's
 //! shared word only when the timer comes due (to fire it, or to find it postponed) or when the
 //! wheel stops. A slot goes back to its shard's free list once its handle has released it and
-//! the wheel no longer holds it.
+//! the wheel no longer holds it — for a sleep the actor fired, straight from its handle's drop
+//! (no `Release` to apply: one per timer of a flood).
 //!
 //! Memory: after a flood the pool gives back every segment none of whose slots is in use, and
 //! the wheel every chunk of nodes with nothing filed (see `timer::pool`), as soon as the actor
@@ -304,6 +305,9 @@ impl Machine for TimerMachine {
         let mut all = true;
         let pool = &shared.pool;
         if pool.capacity() > RETAINED_SLOTS {
+            // From here until every segment has gone, handles release fired sleeps through
+            // the actor, which sees them come back and tries again (see `Inbox::give_back`).
+            inbox.watch_returns(true);
             let keep = Pool::segments_within(RETAINED_SLOTS);
             let released = inbox.release_segments(pool, &mut self.freed, keep);
             if !released.is_empty() {
@@ -314,6 +318,7 @@ impl Machine for TimerMachine {
             all = pool.capacity() <= RETAINED_SLOTS;
             self.blocked_at = (!all).then_some(self.returned);
         }
+        inbox.watch_returns(!all);
         // The wheel's nodes go by chunk wherever nothing is filed: those of freed segments, and
         // those of the segments a few long timers keep.
         self.timeline.release_unfiled();
