@@ -12,13 +12,20 @@
 //! `epoll_wait`s per actor wake-up, against one `epoll_wait` per wake-up of tokio's own
 //! driver).
 //!
-//! So each arming also sets a *spare* one tick (at least tokio's millisecond) after the
-//! wake-up asked for: a guess at the next one. When the main sleep fires, the spare is still
-//! registered, the driver parks with its tick in mind, and the next arming moves the spare to
-//! the next wake-up — later or within that tick: no unpark — and the fired one out to become
-//! the new spare, later still: no unpark either. A wake-up earlier than the spare (a command
-//! due sooner) unparks the driver as it must. Once the actor has nothing to wake for, both
-//! are dropped (deregistering wakes nobody), so an idle actor is never woken by its spare.
+//! So while the actor fires densely (its next wake-up within two ticks), each arming also
+//! sets a *spare* one tick (at least tokio's millisecond) after the wake-up asked for: a guess
+//! at the next one. When the main sleep fires, the spare is still registered, the driver parks
+//! with its tick in mind, and the next arming moves the spare to the next wake-up — within
+//! that tick or earlier: no unpark — and the fired one out to become the new spare, later
+//! still: no unpark either. A wake-up earlier than the spare (a command due sooner) unparks
+//! the driver as it must.
+//!
+//! Tokio moves a registered sleep *later* lazily (it stays filed at its old tick and the driver
+//! wakes there for nothing), so a sleep armed a tick or more before the wake-up is dropped
+//! (which deregisters it) rather than moved, and while the actor wakes seldom (a lazy look,
+//! sparse timers) it keeps no spare: re-arming then unparks the driver once per turn, as with
+//! one sleep, which costs less than a spare moved later every turn. Once the actor has nothing
+//! to wake for, both are dropped, so an idle actor is never woken by its spare.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -48,25 +55,30 @@ impl Alarm {
         }
     }
 
-    /// Sets the alarm for `wake` (an offset of `clock`), or for nothing.
-    pub(crate) fn set(&mut self, wake: Option<u64>, clock: &Clock) {
+    /// Sets the alarm for `wake` (an offset of `clock`), or for nothing; `now` is the offset
+    /// the turn read last.
+    pub(crate) fn set(&mut self, wake: Option<u64>, now: u64, clock: &Clock) {
         for (at, sleep) in self.at.iter_mut().zip(&self.sleeps) {
             if at.is_some() && sleep.is_elapsed() {
                 *at = None;
             }
         }
         let Some(wake) = wake else {
-            // Left armed, a sleep would wake the idle actor. Dropping one deregisters it
-            // without unparking the driver; a fresh one is not registered until polled.
-            for (at, sleep) in self.at.iter_mut().zip(&mut self.sleeps) {
-                if at.take().is_some() {
-                    *sleep = unarmed();
-                }
-            }
+            // Left armed, a sleep would wake the idle actor.
+            self.disarm(0);
+            self.disarm(1);
             return;
         };
-        let spare = wake.saturating_add(clock.tick().max(DRIVER_GRID).as_nanos() as u64);
-        // The main sleep is the armed one due first (moving it later, or within its tick,
+        let lead = clock.tick().max(DRIVER_GRID).as_nanos() as u64;
+        // Tokio moves a registered sleep later lazily: it stays filed at its old tick, and
+        // the driver wakes there for nothing. So a sleep armed a tick or more before the
+        // wake-up is taken out (dropping deregisters it) rather than moved.
+        for which in 0..2 {
+            if self.at[which].is_some_and(|at| at.saturating_add(lead) <= wake) {
+                self.disarm(which);
+            }
+        }
+        // The main sleep is the armed one due first (moving it within its tick, or earlier,
         // costs tokio no unpark); the other becomes the spare.
         let main = match self.at {
             [Some(a), Some(b)] => usize::from(b < a),
@@ -74,7 +86,22 @@ impl Alarm {
             _ => 0,
         };
         self.arm(main, wake, clock);
-        self.arm(1 - main, spare, clock);
+        if wake <= now.saturating_add(2 * lead) {
+            // Firing densely: the next wake-up is likely a tick after this one.
+            self.arm(1 - main, wake.saturating_add(lead), clock);
+        } else {
+            // Waking seldom (a lazy look, sparse timers): a spare would be moved later each
+            // turn and wake the driver for nothing; re-arming then unparks it, once per turn.
+            self.disarm(1 - main);
+        }
+    }
+
+    /// Drops sleep `which` if it is armed: that deregisters it without unparking the driver,
+    /// and a fresh sleep is not registered until it is polled or reset.
+    fn disarm(&mut self, which: usize) {
+        if self.at[which].take().is_some() {
+            self.sleeps[which] = unarmed();
+        }
     }
 
     fn arm(&mut self, which: usize, offset: u64, clock: &Clock) {
@@ -131,7 +158,7 @@ mod tests {
     async fn it_rings_at_the_wake_up_not_before() {
         let clock = Clock::new(Instant::now(), Duration::from_millis(1));
         let mut alarm = Alarm::new();
-        alarm.set(Some(20 * MS), &clock);
+        alarm.set(Some(20 * MS), 19 * MS, &clock);
         advance_to(&clock, 20 * MS - 1).await;
         assert!(!rang(&mut alarm));
         advance_to(&clock, 20 * MS).await;
@@ -142,14 +169,14 @@ mod tests {
     async fn the_spare_is_still_registered_when_the_wake_up_rings() {
         let clock = Clock::new(Instant::now(), Duration::from_millis(1));
         let mut alarm = Alarm::new();
-        alarm.set(Some(5 * MS), &clock);
+        alarm.set(Some(5 * MS), 4 * MS, &clock);
         advance_to(&clock, 5 * MS).await;
         assert!(rang(&mut alarm));
         // What keeps tokio's driver from unparking itself when the actor re-arms.
         let spare = alarm.at.iter().flatten().copied().collect::<Vec<_>>();
         assert_eq!(spare, [6 * MS]);
         // The next wake-up reuses the spare, and the fired sleep becomes the new spare.
-        alarm.set(Some(6 * MS), &clock);
+        alarm.set(Some(6 * MS), 5 * MS, &clock);
         let mut armed = alarm.at.iter().flatten().copied().collect::<Vec<_>>();
         armed.sort_unstable();
         assert_eq!(armed, [6 * MS, 7 * MS]);
@@ -161,10 +188,28 @@ mod tests {
     async fn an_earlier_wake_up_moves_it() {
         let clock = Clock::new(Instant::now(), Duration::from_millis(1));
         let mut alarm = Alarm::new();
-        alarm.set(Some(50 * MS), &clock);
+        alarm.set(Some(50 * MS), 0, &clock);
         assert!(!rang(&mut alarm));
-        alarm.set(Some(10 * MS), &clock);
+        alarm.set(Some(10 * MS), 0, &clock);
         advance_to(&clock, 10 * MS).await;
+        assert!(rang(&mut alarm));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waking_seldom_it_keeps_no_spare_and_no_sleep_due_before_the_wake_up() {
+        let clock = Clock::new(Instant::now(), Duration::from_millis(1));
+        let mut alarm = Alarm::new();
+        alarm.set(Some(5 * MS), 4 * MS, &clock);
+        advance_to(&clock, 5 * MS).await;
+        assert!(rang(&mut alarm));
+        // The next wake-up is a lazy look 10 ms on: the spare at 6 ms would wake tokio's
+        // driver for nothing there; it goes, and no new one is armed.
+        alarm.set(Some(15 * MS), 5 * MS, &clock);
+        let armed = alarm.at.iter().flatten().copied().collect::<Vec<_>>();
+        assert_eq!(armed, [15 * MS]);
+        advance_to(&clock, 15 * MS - 1).await;
+        assert!(!rang(&mut alarm));
+        advance_to(&clock, 15 * MS).await;
         assert!(rang(&mut alarm));
     }
 
@@ -172,11 +217,11 @@ mod tests {
     async fn set_for_nothing_it_never_rings_not_even_the_spare() {
         let clock = Clock::new(Instant::now(), Duration::from_millis(1));
         let mut alarm = Alarm::new();
-        alarm.set(Some(5 * MS), &clock);
+        alarm.set(Some(5 * MS), 4 * MS, &clock);
         assert!(!rang(&mut alarm));
         advance_to(&clock, 5 * MS).await;
         assert!(rang(&mut alarm));
-        alarm.set(None, &clock);
+        alarm.set(None, 5 * MS, &clock);
         tokio::time::advance(Duration::from_secs(3_600)).await;
         assert!(!rang(&mut alarm), "an idle actor was woken");
         assert_eq!(alarm.at, [None, None]);

@@ -267,7 +267,7 @@ impl<M: Machine> Actor<M> {
             // Tell senders when the actor looks next, then look once more: a command sent
             // meanwhile that did not wake it is seen here.
             self.inbox.publish_next_look(wake, now);
-            alarm.set(wake, &self.shared.clock);
+            alarm.set(wake, now, &self.shared.clock);
             if worked && last_yield.elapsed() >= YIELD_EVERY {
                 // Notify costs no budget: without this, a busy actor would never yield.
                 tokio::task::yield_now().await;
