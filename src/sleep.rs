@@ -72,7 +72,8 @@ const UNARMED: u32 = u32::MAX;
 /// fires reads the clock once, to honour the deadline exactly. Dropped before the actor took
 /// the registration (within about 10 ms while timers are being made), the sleep withdraws it
 /// under the same lock and the actor never sees it; dropped later, it queues a release that
-/// wakes nobody.
+/// wakes nobody; dropped after the actor fired it, it gives its slot back under that lock
+/// with no message at all.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Sleep {
