@@ -72,7 +72,8 @@ const UNARMED: u32 = u32::MAX;
 /// fires reads the clock once, to honour the deadline exactly. Dropped before the actor took
 /// the registration (within about 10 ms while timers are being made), the sleep withdraws it
 /// under the same lock and the actor never sees it; dropped later, it queues a release that
-/// wakes nobody.
+/// wakes nobody; dropped after the actor fired it, it gives its slot back under that lock
+/// with no message at all.
 #[derive(Debug)]
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct Sleep {
@@ -91,6 +92,11 @@ pub struct Sleep {
     /// Filed again after it completed ([`Moved::Rearmed`]): the actor may still hold the slot
     /// from the first filing, so a drop cancels the word even when it withdraws the second.
     rearmed: bool,
+    /// Seen fired by the actor, which unfiled it then: a drop gives the slot straight back,
+    /// with no release for the actor to apply. Only for a sleep never re-armed, whose one
+    /// registration the actor applied before it could fire it (a re-armed one may have a
+    /// registration still queued, which must not find its slot reused).
+    fired: bool,
 }
 
 impl Sleep {
@@ -103,6 +109,7 @@ impl Sleep {
             woke: None,
             position: 0,
             rearmed: false,
+            fired: false,
         }
     }
 
@@ -151,6 +158,7 @@ impl Sleep {
         let this = self.get_mut();
         this.deadline = deadline;
         this.woke = None;
+        this.fired = false;
         if this.slot == UNARMED {
             return;
         }
@@ -206,7 +214,10 @@ impl Sleep {
             _ => Some(Woke::Shutdown),
         };
         let slot = self.wheel.shared.pool.get(self.slot);
-        let mut outcome = woke(slot.word.state());
+        // Fired here means fired by the actor: a sleep that completed itself returns above,
+        // until a reset arms its word again.
+        let mut state = slot.word.state();
+        let mut outcome = woke(state);
         if outcome.is_none() && self.deadline <= Instant::now() {
             // Due, whether or not the actor has got to it: complete it here, so the actor
             // does not wake this task again.
@@ -216,10 +227,12 @@ impl Sleep {
         if outcome.is_none() {
             slot.waker.register(cx.waker());
             // The actor may have fired between the check and the registration.
-            outcome = woke(slot.word.state());
+            state = slot.word.state();
+            outcome = woke(state);
         }
         if let Some(woke) = outcome {
             self.woke = Some(woke);
+            self.fired = state == State::Fired;
             return Poll::Ready(woke);
         }
         Poll::Pending
@@ -278,6 +291,11 @@ impl Drop for Sleep {
             slot.word.cancel();
         }
         let (index, shard) = (self.slot, usize::from(self.shard));
+        if self.fired && !self.rearmed && self.wheel.inbox.give_back(shard, index) {
+            // The actor let go of the slot when it fired it: one push under the shard's lock,
+            // no command (a flood's fire loop used to queue and apply one release per timer).
+            return;
+        }
         let is_insert =
             |command: &Command| matches!(command, Command::Insert { slot, .. } if *slot == index);
         // Only a timer the actor has taken needs its word cancelled (so it never fires) and a

@@ -117,3 +117,32 @@ async fn flush_waits_until_commands_are_applied_and_counted() {
     wheel.shutdown().await;
     wheel.flush().await; // returns at once on a stopped wheel
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sleep_the_actor_fired_gives_its_slot_back_without_a_command() {
+    let wheel = Wheel::new();
+    let round = |n: u64| {
+        let sleeps: Vec<_> = (0..n)
+            .map(|i| wheel.sleep(Duration::from_millis(5 + i % 7)))
+            .collect();
+        futures::future::join_all(sleeps)
+    };
+    round(100).await;
+    wheel.flush().await;
+    let before = wheel.stats();
+    // Each registration is one command; each drop after the actor fired its sleep is none
+    // (it used to queue a release per timer).
+    round(100).await;
+    wheel.flush().await;
+    let after = wheel.stats();
+    assert_eq!(after.fired - before.fired, 100);
+    assert_eq!(after.commands - before.commands, 100 + 1, "{after:?}");
+    // A sleep re-armed after firing still releases through the actor.
+    let mut sleep = wheel.sleep(Duration::from_millis(1));
+    (&mut sleep).await;
+    Pin::new(&mut sleep).reset(tokio::time::Instant::now() + Duration::from_millis(1));
+    (&mut sleep).await;
+    drop(sleep);
+    wheel.flush().await;
+    assert_eq!(wheel.stats().pending, 0);
+}

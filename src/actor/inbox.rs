@@ -124,6 +124,12 @@ pub(crate) struct Inbox<C> {
     /// Set by a send into an empty shard, cleared when the actor takes: lets the actor see
     /// whether anything came in without taking every shard's lock.
     pending: AtomicBool,
+    /// Set while the actor waits for pool slots to come back (a memory release found
+    /// segments still in use): handles then release fired timers' slots through the actor,
+    /// which counts them, rather than straight into a free list ([`give_back`]).
+    ///
+    /// [`give_back`]: Self::give_back
+    watch_returns: AtomicBool,
 }
 
 /// A number per thread, spreading threads over shards.
@@ -161,6 +167,7 @@ impl<C> Inbox<C> {
             next_look: AtomicU64::new(u64::MAX),
             looks_soon: AtomicBool::new(false),
             pending: AtomicBool::new(false),
+            watch_returns: AtomicBool::new(false),
         }
     }
 
@@ -304,6 +311,31 @@ impl<C> Inbox<C> {
             self.wake.notify_one();
         }
         false
+    }
+
+    /// Gives `slot` straight back to `shard`'s free list, for a handle whose timer the actor
+    /// has fired and so no longer holds: no command, no work for the actor. `false` while the
+    /// actor watches for slots coming back ([`watch_returns`](Self::watch_returns)): the
+    /// caller then sends its release as usual. Once the actor has stopped there is nothing to
+    /// do (the slot goes with the pool).
+    pub(crate) fn give_back(&self, shard: usize, slot: u32) -> bool {
+        let mut state = self.lock(shard);
+        if state.stopped {
+            return true;
+        }
+        // Stored by the actor before it locks the shards to count free slots: a handle that
+        // takes the lock after that count sees it, one before put its slot where it counts.
+        if self.watch_returns.load(Ordering::Relaxed) {
+            return false;
+        }
+        state.free.push(slot);
+        true
+    }
+
+    /// Whether handles should send their releases through the actor (see
+    /// [`give_back`](Self::give_back)). Set before a memory release counts the free lists.
+    pub(crate) fn watch_returns(&self, on: bool) {
+        self.watch_returns.store(on, Ordering::Relaxed);
     }
 
     /// Takes a free pool slot, lets `make` set it up and build the command that files it, and
@@ -450,232 +482,6 @@ impl<C> Inbox<C> {
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-/// Model check of the slot protocol (see `timer::pool`): a handle takes a slot, uses it, and
-/// withdraws or releases it, while the actor takes commands, touches the slots it has filed,
-/// gives released ones back and frees every segment none of whose slots is in use (while a
-/// slot of another segment may still be in use). Under loom the pool
-/// models each segment's memory as a cell, so any slot access not ordered before the segment
-/// is freed is reported. Run with `RUSTFLAGS="--cfg loom" cargo test --release --lib
-/// loom_model`.
+/// Model checks of the slot protocol and the inbox's hand-offs (see the module).
 #[cfg(all(test, loom))]
-mod loom_model {
-    use std::collections::VecDeque;
-
-    use loom::sync::Arc;
-    use loom::thread;
-
-    use super::*;
-    use crate::timer::state::State;
-
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    enum Command {
-        Insert(u32),
-        Release(u32),
-        Withdrawn,
-    }
-
-    impl Placeholder for Command {
-        fn placeholder() -> Self {
-            Command::Withdrawn
-        }
-        fn is_placeholder(&self) -> bool {
-            *self == Command::Withdrawn
-        }
-    }
-
-    /// One actor turn: take, touch filed slots, free released ones, try to shrink.
-    fn actor_turn(inbox: &Inbox<Command>, pool: &Pool, freed: &mut Vec<Vec<u32>>) {
-        let mut batch = VecDeque::new();
-        inbox.take_all(&mut batch, freed);
-        for command in batch {
-            match command {
-                Command::Insert(slot) => {
-                    pool.get(slot).word.on_due(10);
-                }
-                Command::Release(slot) => freed[0].push(slot),
-                Command::Withdrawn => {}
-            }
-        }
-        inbox.release_segments(pool, freed, 0);
-    }
-
-    #[test]
-    fn a_slot_is_never_freed_while_its_handle_or_the_actor_uses_it() {
-        loom::model(|| {
-            let pool = Arc::new(Pool::default());
-            let inbox = Arc::new(Inbox::new(1));
-            let handle = {
-                let (pool, inbox) = (pool.clone(), inbox.clone());
-                thread::spawn(move || {
-                    for round in 0..2 {
-                        let (slot, position) = inbox
-                            .send_with_slot(0, &pool, Urgency::Now, |index, slot| {
-                                slot.word.arm(5 + round);
-                                Command::Insert(index)
-                            })
-                            .unwrap();
-                        let is_it = |command: &Command| *command == Command::Insert(slot);
-                        // As `Sleep::drop`: cancelled only if the actor has it, under the lock.
-                        let release = || {
-                            pool.get(slot).word.cancel();
-                            Command::Release(slot)
-                        };
-                        inbox.withdraw_or_send(0, position, is_it, slot, release);
-                    }
-                })
-            };
-            let mut freed = vec![Vec::new()];
-            actor_turn(&inbox, &pool, &mut freed);
-            actor_turn(&inbox, &pool, &mut freed);
-            handle.join().unwrap();
-            actor_turn(&inbox, &pool, &mut freed);
-            // Everything was given back: the pool shrank to nothing.
-            assert_eq!(pool.capacity(), 0);
-        });
-    }
-
-    /// Takes a slot for a timer armed at `deadline`, as a sleep's first poll does.
-    fn file(inbox: &Inbox<Command>, pool: &Pool, deadline: u64) -> (u32, u32) {
-        inbox
-            .send_with_slot(0, pool, Urgency::Now, |index, slot| {
-                slot.word.arm(deadline);
-                Command::Insert(index)
-            })
-            .unwrap()
-    }
-
-    /// Gives a slot back, as `Sleep::drop` does: withdrawn if the actor has not taken it,
-    /// else cancelled and released under the shard's lock.
-    fn drop_timer(inbox: &Inbox<Command>, pool: &Pool, (slot, position): (u32, u32)) {
-        let is_it = |command: &Command| *command == Command::Insert(slot);
-        let release = || {
-            pool.get(slot).word.cancel();
-            Command::Release(slot)
-        };
-        inbox.withdraw_or_send(0, position, is_it, slot, release);
-    }
-
-    #[test]
-    fn a_segment_is_freed_while_a_slot_of_another_stays_in_use() {
-        loom::model(|| {
-            let pool = Arc::new(Pool::default());
-            let inbox = Arc::new(Inbox::new(1));
-            // Under loom the first segment holds 2 slots: the third timer, the long one, sits
-            // in the second segment.
-            let short = [file(&inbox, &pool, 5), file(&inbox, &pool, 6)];
-            let long = file(&inbox, &pool, 1_000);
-            assert_eq!(Pool::segment_of(long.0), 1);
-            let mut freed = vec![Vec::new()];
-            // The short timers go while the actor releases segments; the long one's handle
-            // uses its slot meanwhile.
-            let handle = {
-                let (pool, inbox) = (pool.clone(), inbox.clone());
-                thread::spawn(move || {
-                    for timer in short {
-                        drop_timer(&inbox, &pool, timer);
-                    }
-                    pool.get(long.0).word.move_to(2_000, true);
-                })
-            };
-            actor_turn(&inbox, &pool, &mut freed);
-            handle.join().unwrap();
-            actor_turn(&inbox, &pool, &mut freed);
-            // The first segment is gone, the long timer's stays.
-            assert!(!pool.is_allocated(0) && pool.is_allocated(1));
-            // Its handle still reaches its slot, and gives it back while the actor looks.
-            let handle = {
-                let (pool, inbox) = (pool.clone(), inbox.clone());
-                thread::spawn(move || {
-                    assert_eq!(pool.get(long.0).word.deadline(), 2_000);
-                    drop_timer(&inbox, &pool, long);
-                })
-            };
-            actor_turn(&inbox, &pool, &mut freed);
-            handle.join().unwrap();
-            actor_turn(&inbox, &pool, &mut freed);
-            assert_eq!(pool.capacity(), 0);
-        });
-    }
-
-    #[test]
-    fn a_command_due_before_the_actors_next_look_is_never_missed() {
-        loom::model(|| {
-            let inbox = Arc::new(Inbox::new(1));
-            // The actor was to look at 200; it now moves its next look to 300, then checks
-            // for commands. A sender due at 250 must either wake it or be seen by the check.
-            inbox.publish_next_look(Some(200), 0);
-            let sender = {
-                let inbox = inbox.clone();
-                thread::spawn(move || {
-                    inbox.send(0, Command::Withdrawn, Urgency::By(250)).unwrap();
-                })
-            };
-            inbox.publish_next_look(Some(300), 0);
-            let seen = inbox.has_pending();
-            sender.join().unwrap();
-            assert!(seen || inbox.state_notified(0), "neither woken nor seen");
-        });
-    }
-
-    #[test]
-    fn a_lazy_command_is_never_stranded_when_the_actor_stops_looking_soon() {
-        loom::model(|| {
-            let inbox = Arc::new(Inbox::new(1));
-            // Commands were flowing: the actor had a look armed within the lazy bound. Its
-            // last turn took nothing, so it arms no other look, then checks for commands. A
-            // release sent meanwhile must either wake it or be seen by the check: otherwise
-            // it would wait for the next real deadline (an hour away, say).
-            inbox.publish_next_look(Some(LAZY_BOUND), 0);
-            let sender = {
-                let inbox = inbox.clone();
-                thread::spawn(move || {
-                    inbox.send(0, Command::Withdrawn, Urgency::Lazy).unwrap();
-                })
-            };
-            inbox.publish_next_look(None, 0);
-            let seen = inbox.has_pending();
-            sender.join().unwrap();
-            assert!(seen || inbox.state_notified(0), "neither woken nor seen");
-        });
-    }
-
-    #[test]
-    fn a_withdrawn_registration_never_reaches_the_actor() {
-        loom::model(|| {
-            let pool = Arc::new(Pool::default());
-            let inbox = Arc::new(Inbox::new(1));
-            let (slot, position) = inbox
-                .send_with_slot(0, &pool, Urgency::Now, |index, slot| {
-                    slot.word.arm(5);
-                    Command::Insert(index)
-                })
-                .unwrap();
-            let actor = {
-                let (pool, inbox) = (pool.clone(), inbox.clone());
-                thread::spawn(move || {
-                    let mut batch = VecDeque::new();
-                    inbox.take_all(&mut batch, &mut []);
-                    for command in &batch {
-                        if let Command::Insert(slot) = command {
-                            pool.get(*slot).word.on_due(1);
-                        }
-                    }
-                    batch
-                })
-            };
-            let is_it = |command: &Command| *command == Command::Insert(slot);
-            let release = || {
-                pool.get(slot).word.cancel();
-                Command::Release(slot)
-            };
-            let withdrawn = inbox.withdraw_or_send(0, position, is_it, slot, release);
-            let seen = actor.join().unwrap();
-            // Either the actor took the registration (and it was not withdrawn: the release
-            // is queued), or it took nothing or the placeholder.
-            assert_eq!(seen.contains(&Command::Insert(slot)), !withdrawn);
-            if withdrawn {
-                assert_eq!(pool.get(slot).word.state(), State::Armed);
-            }
-        });
-    }
-}
+mod loom_model;

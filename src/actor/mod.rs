@@ -55,6 +55,7 @@
 //! down (except on a quiet exit, where nothing is filed). So a command sent before
 //! `shutdown()` is never lost, and nothing created by the wheel hangs.
 
+mod alarm;
 pub(crate) mod context;
 pub(crate) mod inbox;
 pub(crate) mod keyed;
@@ -66,9 +67,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::Instrument;
 
+use self::alarm::Alarm;
 use self::inbox::{Inbox, LAZY_BOUND};
 use self::timeline::Moves;
 use crate::timer::counters::Delta;
@@ -241,9 +242,7 @@ impl<M: Machine> Actor<M> {
     async fn run(mut self) {
         tracing::debug!("actor started");
         let mut shutdown = self.shared.shutdown_signal();
-        let timer = tokio::time::sleep_until(Instant::now());
-        tokio::pin!(timer);
-        let mut armed: Option<u64> = None;
+        let mut alarm = Alarm::new();
         let mut last_yield = std::time::Instant::now();
         let exit = loop {
             if *shutdown.borrow_and_update() {
@@ -282,14 +281,7 @@ impl<M: Machine> Actor<M> {
             // Tell senders when the actor looks next, then look once more: a command sent
             // meanwhile that did not wake it is seen here.
             self.inbox.publish_next_look(wake, now);
-            match wake {
-                Some(wake) if armed != Some(wake) => {
-                    timer.as_mut().reset(self.shared.clock.instant(wake));
-                    armed = Some(wake);
-                }
-                Some(_) => {}
-                None => armed = None,
-            }
+            alarm.set(wake, now, &self.shared.clock);
             if worked && last_yield.elapsed() >= YIELD_EVERY {
                 // Notify costs no budget: without this, a busy actor would never yield.
                 tokio::task::yield_now().await;
@@ -298,14 +290,16 @@ impl<M: Machine> Actor<M> {
             if self.inbox.has_pending() {
                 continue;
             }
-            last_yield = std::time::Instant::now();
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break Exit::Shutdown,
                 // Also how the last handle's going is seen: `close` notifies.
                 () = self.inbox.wait() => {}
-                () = &mut timer, if armed.is_some() => armed = None,
+                () = alarm.rings() => {}
             }
+            // Busy from here: the wait is not work. (Counted from before the wait, every turn
+            // after a wait of a tick or more yielded, and a yield wakes the other worker.)
+            last_yield = std::time::Instant::now();
         };
         if exit == Exit::Shutdown {
             self.wind_down().await;

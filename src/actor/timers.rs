@@ -5,7 +5,8 @@
 //! The actor learns a timer's deadline from the command that files it and touches the slot's
 //! shared word only when the timer comes due (to fire it, or to find it postponed) or when the
 //! wheel stops. A slot goes back to its shard's free list once its handle has released it and
-//! the wheel no longer holds it.
+//! the wheel no longer holds it — for a sleep the actor fired, straight from its handle's drop
+//! (no `Release` to apply: one per timer of a flood).
 //!
 //! Memory: after a flood the pool gives back every segment none of whose slots is in use, and
 //! the wheel every chunk of nodes with nothing filed (see `timer::pool`), as soon as the actor
@@ -100,6 +101,24 @@ impl TimerMachine {
     }
 }
 
+// Most wheels fire sleeps only: with no job filed, skip hashing the slot on every fire and
+// release (~10 ns each, seen in the fire profile).
+fn take_job(jobs: &mut HashMap<u32, FiledJob>, slot: u32) -> Option<FiledJob> {
+    if jobs.is_empty() {
+        None
+    } else {
+        jobs.remove(&slot)
+    }
+}
+
+fn job_mut(jobs: &mut HashMap<u32, FiledJob>, slot: u32) -> Option<&mut FiledJob> {
+    if jobs.is_empty() {
+        None
+    } else {
+        jobs.get_mut(&slot)
+    }
+}
+
 fn free(freed: &mut [Vec<u32>], returned: &mut u64, slot: u32, shard: u32) {
     freed[shard as usize].push(slot);
     *returned += 1;
@@ -147,7 +166,7 @@ impl Machine for TimerMachine {
                 }
             }
             Command::Release { slot, shard } => {
-                if let Some(job) = self.jobs.get_mut(&slot) {
+                if let Some(job) = job_mut(&mut self.jobs, slot) {
                     // A detached job still runs: free its slot once it fires.
                     job.released = Some(shard);
                     return;
@@ -182,7 +201,7 @@ impl Machine for TimerMachine {
             match slot.word.on_due(limit) {
                 Due::Fire(deadline) => {
                     delta.record_fire(deadline, now);
-                    match jobs.remove(&id) {
+                    match take_job(jobs, id) {
                         Some(job) => {
                             job.launch.launch(shared);
                             if let Some(shard) = job.released {
@@ -203,7 +222,7 @@ impl Machine for TimerMachine {
                     if let Some(FiledJob {
                         released: Some(shard),
                         ..
-                    }) = jobs.remove(&id)
+                    }) = take_job(jobs, id)
                     {
                         free(freed, returned, id, shard);
                     }
@@ -288,6 +307,9 @@ impl Machine for TimerMachine {
         let mut all = true;
         let pool = &shared.pool;
         if pool.capacity() > RETAINED_SLOTS {
+            // From here until every segment has gone, handles release fired sleeps through
+            // the actor, which sees them come back and tries again (see `Inbox::give_back`).
+            inbox.watch_returns(true);
             let keep = Pool::segments_within(RETAINED_SLOTS);
             let released = inbox.release_segments(pool, &mut self.freed, keep);
             if !released.is_empty() {
@@ -298,6 +320,7 @@ impl Machine for TimerMachine {
             all = pool.capacity() <= RETAINED_SLOTS;
             self.blocked_at = (!all).then_some(self.returned);
         }
+        inbox.watch_returns(!all);
         // The wheel's nodes go by chunk wherever nothing is filed: those of freed segments, and
         // those of the segments a few long timers keep.
         self.timeline.release_unfiled();

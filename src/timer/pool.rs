@@ -11,7 +11,11 @@
 //!   slot until it sends the actor a `Release` for it; it never touches the slot afterwards;
 //! - the actor touches a slot only while the timer is filed in its wheel, and returns the index
 //!   to a shard's free list when both the handle has released it and the wheel no longer holds
-//!   it.
+//!   it;
+//! - except that a sleep the actor fired (and so unfiled) gives its index back itself, under
+//!   the shard's lock, with no `Release` (`Inbox::give_back`): the actor touches nothing of
+//!   the slot after firing it but its waker (at worst a spurious wake of the slot's next
+//!   user), and frees segments only between its own turns.
 //!
 //! The slots live in segments that double in size (1024, 2048, … up to 131 072 slots, then
 //! stay that size), each allocated once and never moved, so a handle reaches its slot with one

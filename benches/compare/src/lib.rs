@@ -791,9 +791,15 @@ fn fire_deadlines(n: usize) -> Vec<Instant> {
 /// the harness's fault (one task driving 10^6 futures), not the timer's, and with one task
 /// per timer — the pattern it stands for — the budget never runs out. Unconstrained, the
 /// driver drains every fired timer in one poll, for every peer alike.
-async fn fire_all<F>(futures: FuturesUnordered<F>) -> FireReport
+///
+/// `filed` completes once the timer service has filed what the first poll registered: tokio
+/// files a `Sleep` inside that poll, the wheel's actor a moment later, so without the barrier
+/// the wheel's filing was charged to the firing and tokio's was not (the keyed scenario has
+/// always waited for its `len()` before starting the clock).
+async fn fire_all<F, S>(futures: FuturesUnordered<F>, filed: S) -> FireReport
 where
     F: Future<Output = Instant>,
+    S: Future<Output = ()>,
 {
     tokio::task::unconstrained(async move {
         let n = futures.len();
@@ -805,6 +811,7 @@ where
         {
             log.record(deadline);
         }
+        filed.await;
         let cpu = process_cpu_time();
         while let Some(deadline) = futures.next().await {
             log.record(deadline);
@@ -822,7 +829,7 @@ pub async fn fire_tokio(n: usize) -> FireReport {
             deadline
         })
         .collect();
-    fire_all(futures).await
+    fire_all(futures, async {}).await
 }
 
 pub async fn fire_wheel(wheel: Wheel, n: usize) -> FireReport {
@@ -836,7 +843,7 @@ pub async fn fire_wheel(wheel: Wheel, n: usize) -> FireReport {
             }
         })
         .collect();
-    let report = fire_all(futures).await;
+    let report = fire_all(futures, wheel.flush()).await;
     wheel.flush().await;
     report
 }
@@ -899,7 +906,7 @@ pub async fn fire_kestrel(timer: Kestrel, n: usize) -> FireReport {
             }
         })
         .collect();
-    fire_all(futures).await
+    fire_all(futures, async {}).await
 }
 
 /// `hierarchical_hash_wheel_timer`: one `schedule_action_once` per deadline (as a delay from
@@ -921,7 +928,7 @@ pub async fn fire_hash_wheel(mut timer: HashWheelRef, n: usize) -> FireReport {
             }
         })
         .collect();
-    fire_all(futures).await
+    fire_all(futures, async {}).await
 }
 
 // ---------------------------------------------------------------- memory
