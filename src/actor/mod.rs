@@ -408,20 +408,33 @@ impl<M: Machine> Actor<M> {
                 Some(now) => (now, Backlog::Applied),
                 None => (self.shared.clock.now(), Backlog::Unapplied),
             };
+            let before = self.progress();
             let mut ctx = Ctx {
                 shared: &self.shared,
                 delta: &mut self.delta,
             };
             let shown = self.machine.fire(now, FIRE_BATCH, backlog, &mut ctx);
             total += shown;
-            if shown < FIRE_BATCH {
-                if shown > 0 {
-                    tracing::trace!(shown, now, "fired");
-                }
+            if shown > 0 {
+                tracing::trace!(shown, now, "fired");
+            }
+            // A full batch that fired or cancelled nothing was all timers put off: parked
+            // within their tick, postponed, or (in the middle of a batch) held back behind a
+            // queued command, each filed again a little later. Shown again they would be put
+            // off again, chasing the clock, and the loop would never end — nor would the batch
+            // they wait for be applied (a keyed actor hung on a flood that came due while it
+            // applied it). The next turn (its wake-up is already due) applies what they wait
+            // for, then fires them.
+            if shown < FIRE_BATCH || self.progress() == before {
                 return total;
             }
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Timers resolved so far: what a firing pass changes unless it puts them all off.
+    fn progress(&self) -> u64 {
+        self.delta.fired + self.delta.cancelled
     }
 
     /// Merges the turn's counters and lets the machine answer barriers and trim memory.
