@@ -1,4 +1,4 @@
-//! Feature `metrics`: [`Stats`] published through the [`metrics`](::metrics) crate's facade, so an application's own exporter (Prometheus,
+//! Feature `metrics`: [`Stats`] published through the [`metrics`] crate's facade, so an application's own exporter (Prometheus,
 //! StatsD, OpenTelemetry …) serves them. Nothing is recorded unless the application installed
 //! a recorder.
 //!

@@ -243,7 +243,7 @@ impl Cascade {
     }
 
     /// Unfiles every id, parked ones included, handing each out with its tick; keeps the
-    /// current tick. The node table is kept (see [`shrink`](Self::shrink)).
+    /// current tick. The node table is kept (see [`release_unfiled`](Self::release_unfiled)).
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = (u32, u64)> + '_ {
         for level in self.levels.iter_mut() {
             level.slots.fill(Links::EMPTY);

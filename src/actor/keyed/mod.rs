@@ -7,7 +7,7 @@
 //!
 //! Both structures grow without long pauses, so a flood into a big set never stalls the actor
 //! (and its runtime) for long: entries live in fixed-size chunks (growing never copies them),
-//! and the index is split into [`INDEX_SHARDS`] tables, so a resize rehashes a small fraction.
+//! and the index is split into [`INDEX_SHARDS`](tables::INDEX_SHARDS) tables, so a resize rehashes a small fraction.
 //!
 //! Postponing is lazy: moving a key's deadline later only rewrites the entry's deadline; when
 //! the old tick comes, the actor files the entry again for the new one.
