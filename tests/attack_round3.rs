@@ -548,9 +548,12 @@ async fn by_key_remove_or_reset_returned_before_the_deadline_wins() {
     let wheel = Wheel::new();
     let (timers, mut expired) = wheel.keyed::<u32, u32>();
     let n = if full() { 20_000 } else { 2_000 };
-    // (deadline, returned at, kind): kind 0 = removed, 1 = moved to +1 h.
-    let log: Arc<Mutex<HashMap<u32, (Instant, Instant, u8)>>> = Default::default();
-    let fired: Arc<Mutex<Vec<(u32, Instant, Instant)>>> = Default::default();
+    // Per key: (deadline, returned at, kind), kind 0 = removed, 1 = moved to +1 h.
+    type Acted = HashMap<u32, (Instant, Instant, u8)>;
+    // (key, deadline, seen at).
+    type Fired = Vec<(u32, Instant, Instant)>;
+    let log: Arc<Mutex<Acted>> = Default::default();
+    let fired: Arc<Mutex<Fired>> = Default::default();
     let reader = {
         let fired = fired.clone();
         tokio::spawn(async move {
