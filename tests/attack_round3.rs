@@ -25,9 +25,16 @@ fn full() -> bool {
 /// once per step until pending (API.md: an advance followed by a poll completes every tick due
 /// by then, with no extra yields; Burst returns overdue ticks back to back).
 async fn interval_matches_tokio(behavior: MissedTickBehavior) {
+    interval_matches_tokio_with(behavior, ms(10), ms(20)).await;
+}
+
+async fn interval_matches_tokio_with(
+    behavior: MissedTickBehavior,
+    offset: Duration,
+    period: Duration,
+) {
     let wheel = Wheel::new();
-    let start = Instant::now() + ms(10);
-    let period = ms(20);
+    let start = Instant::now() + offset;
     let mut ours = wheel.interval_at(start, period);
     let mut theirs = tokio::time::interval_at(start, period);
     ours.set_missed_tick_behavior(behavior);
@@ -72,6 +79,24 @@ async fn interval_skip_matches_tokio_tick_for_tick() {
 #[tokio::test(start_paused = true)]
 async fn interval_delay_matches_tokio_tick_for_tick() {
     interval_matches_tokio(MissedTickBehavior::Delay).await;
+}
+
+/// Periods and starts that are not whole ticks (1.5 ms period, 0.3 ms offset, 1 ms tick):
+/// still tick for tick with tokio's, in each behaviour.
+#[tokio::test(start_paused = true)]
+async fn interval_off_tick_period_matches_tokio() {
+    for behavior in [
+        MissedTickBehavior::Burst,
+        MissedTickBehavior::Skip,
+        MissedTickBehavior::Delay,
+    ] {
+        interval_matches_tokio_with(
+            behavior,
+            Duration::from_micros(300),
+            Duration::from_micros(1500),
+        )
+        .await;
+    }
 }
 
 /// `interval(period)`'s first tick completes at once, with the creation instant.
@@ -419,6 +444,93 @@ async fn fixed_delay_with_panicking_runs_goes_on() {
     }
     let stats = wheel.stats();
     assert!(stats.job_panics >= (log.len() / 2) as u64 - 1, "{stats:?}");
+}
+
+/// `reschedule` to the past runs the job at once and `deadline()` follows; after the start,
+/// `reschedule` and `cancel` answer `false` and change nothing.
+#[tokio::test(start_paused = true)]
+async fn reschedule_to_the_past_runs_at_once_and_late_calls_say_false() {
+    let wheel = Wheel::new();
+    let t0 = Instant::now();
+    let ran_at: Arc<Mutex<Option<Instant>>> = Default::default();
+    let job = {
+        let ran_at = ran_at.clone();
+        wheel.spawn_after(secs(60), async move {
+            *ran_at.lock().unwrap() = Some(Instant::now());
+            tokio::time::sleep(secs(1)).await;
+            3
+        })
+    };
+    let past = t0 - ms(5);
+    assert!(job.reschedule(past));
+    assert_eq!(job.deadline(), past);
+    tokio::time::sleep(ms(2)).await;
+    assert!(
+        ran_at.lock().unwrap().is_some(),
+        "a job rescheduled to the past did not run"
+    );
+    assert!(!job.reschedule(t0 + secs(100)));
+    assert!(!job.cancel());
+    assert_eq!(job.await, Ok(3));
+}
+
+/// `drain` racing expiry on 2 workers: every entry comes back exactly once, either in a drain
+/// or as an expiration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_racing_expiry_returns_each_entry_exactly_once() {
+    let wheel = Wheel::new();
+    let (timers, expired) = wheel.keyed::<u32, u32>();
+    let reader = tokio::spawn(async move {
+        expired
+            .map(|e| e.into_parts().0)
+            .collect::<Vec<u32>>()
+            .await
+    });
+    let rounds = if full() { 200 } else { 40 };
+    let per = 100u32;
+    let mut drained = Vec::new();
+    for r in 0..rounds {
+        for k in r * per..(r + 1) * per {
+            timers.set(k, k, Duration::from_micros(200 + 37 * u64::from(k % 50)));
+        }
+        let spin = std::time::Instant::now() + Duration::from_micros(100 * u64::from(r % 20));
+        while std::time::Instant::now() < spin {
+            std::hint::spin_loop();
+        }
+        drained.extend(timers.drain().await.into_iter().map(|(k, v)| {
+            assert_eq!(k, v);
+            k
+        }));
+    }
+    drop(timers);
+    let fired = tokio::time::timeout(secs(30), reader)
+        .await
+        .expect("stream did not end")
+        .unwrap();
+    let mut all: Vec<u32> = drained.into_iter().chain(fired).collect();
+    all.sort_unstable();
+    let want: Vec<u32> = (0..rounds * per).collect();
+    assert_eq!(all, want);
+}
+
+/// Dropping every `Timers` with entries pending: they still fire at their deadlines (not as
+/// shutdown), then the stream ends.
+#[tokio::test(start_paused = true)]
+async fn stream_delivers_pending_entries_after_timers_drop_then_ends() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u32, u32>();
+    let t0 = Instant::now();
+    for k in 1..=5u32 {
+        timers.set(k, k, ms(10 * u64::from(k)));
+    }
+    drop(timers);
+    for k in 1..=5u32 {
+        let e = expired.next().await.expect("ended early");
+        assert!(!e.is_shutdown());
+        assert_eq!(*e.key(), k);
+        assert!(Instant::now() - t0 >= ms(10 * u64::from(k)));
+    }
+    assert!(expired.next().await.is_none());
 }
 
 // ───────────────────────────── §3: keyed, ordering under floods ─────────────────────────────
