@@ -473,3 +473,17 @@ async fn reschedule_to_the_past_runs_at_once_and_late_calls_say_false() {
     assert!(!job.cancel());
     assert_eq!(job.await, Ok(3));
 }
+
+/// An interval with a `Duration::MAX` period: the first tick at once, then never again, and no
+/// overflow panic on the way.
+#[tokio::test(start_paused = true)]
+async fn interval_with_duration_max_period_ticks_once() {
+    let wheel = Wheel::new();
+    let mut iv = wheel.interval(Duration::MAX);
+    iv.tick().await;
+    for _ in 0..50 {
+        tokio::time::advance(secs(86_400 * 365 * 4)).await;
+    }
+    let mut next = Box::pin(iv.tick());
+    assert!(poll_once(&mut next).is_pending());
+}
