@@ -184,7 +184,8 @@ async fn retention_purges_old_dead_letters_on_its_own(backend: Backend) {
     assert_eq!(queue.stats().await.unwrap().dead, 1, "kept while young");
     let start = std::time::Instant::now();
     while queue.stats().await.unwrap().dead > 0 {
-        assert!(start.elapsed() < Duration::from_secs(5), "never purged");
+        // A guard against a hang only: the purge is due after 300 ms.
+        assert!(start.elapsed() < Duration::from_secs(30), "never purged");
         tokio::time::sleep(ms(50)).await;
     }
     assert!(start.elapsed() >= ms(250), "{:?}", start.elapsed());
