@@ -1,5 +1,5 @@
 //! The comparison scenarios, shared by the criterion benches (`benches/compare/benches/compare.rs`) and the
-//! table printer (`benches/compare/examples/compare.rs`): tokio-wheel against `tokio::time`,
+//! table printer (`benches/compare/examples/compare/`): tokio-wheel against `tokio::time`,
 //! `tokio_util::time::DelayQueue`, `pingora-timeout`, `kestrel-timer` and
 //! `hierarchical_hash_wheel_timer`, the same work done by each in the same run.
 //!

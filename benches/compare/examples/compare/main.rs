@@ -18,10 +18,7 @@
 //! Which peer is in which scenario, and why not elsewhere: see the head of
 //! `benches/compare/src/lib.rs`.
 
-use std::collections::BTreeMap;
-use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_wheel::Wheel;
 use tokio_wheel_compare::*;
@@ -43,204 +40,9 @@ const CALLER_SIDE: &str = "caller side only";
 /// The number of far-future timers pending in the idle scenario.
 const IDLE_TIMERS: usize = 100_000;
 
-/// One measured quantity: samples per system, lower is better.
-struct Table {
-    title: String,
-    unit: &'static str,
-    /// (row label, system) → samples.
-    cells: BTreeMap<(String, String), Vec<f64>>,
-    rows: Vec<String>,
-    systems: Vec<String>,
-    /// A peer every tokio-wheel column is also compared with, in a column of its own.
-    reference: Option<&'static str>,
-    /// Peers never taken as the best peer here, and why.
-    excluded: Vec<(String, &'static str)>,
-}
-
-impl Table {
-    fn new(title: &str, unit: &'static str) -> Table {
-        Table {
-            title: title.to_owned(),
-            unit,
-            cells: BTreeMap::new(),
-            rows: Vec::new(),
-            systems: Vec::new(),
-            reference: None,
-            excluded: Vec::new(),
-        }
-    }
-
-    /// Never takes `system` as the best peer in this table, saying `why` under it.
-    fn exclude(&mut self, system: &str, why: &'static str) {
-        if !self.excluded.iter().any(|(s, _)| s == system) {
-            self.excluded.push((system.to_owned(), why));
-        }
-    }
-
-    /// Adds a "tokio-wheel … vs `reference`" column.
-    fn versus(mut self, reference: &'static str) -> Table {
-        self.reference = Some(reference);
-        self
-    }
-
-    fn add(&mut self, row: &str, system: &str, value: f64) {
-        if !self.rows.iter().any(|r| r == row) {
-            self.rows.push(row.to_owned());
-        }
-        if !self.systems.iter().any(|s| s == system) {
-            self.systems.push(system.to_owned());
-        }
-        self.cells
-            .entry((row.to_owned(), system.to_owned()))
-            .or_default()
-            .push(value);
-    }
-
-    fn median(&self, row: &str, system: &str) -> Option<f64> {
-        let mut samples = self
-            .cells
-            .get(&(row.to_owned(), system.to_owned()))?
-            .clone();
-        samples.sort_by(f64::total_cmp);
-        Some(samples[samples.len() / 2])
-    }
-
-    fn ratio(reference: f64, value: f64) -> String {
-        if !reference.is_finite() || reference <= 0.0 || value <= 0.0 {
-            return "–".to_owned();
-        }
-        format!(
-            "**{:.2}×** {}",
-            reference / value,
-            if reference >= value {
-                "better"
-            } else {
-                "worse"
-            }
-        )
-    }
-
-    fn print(&self) {
-        println!(
-            "\n### {} ({}; median [min–max]; lower is better)\n",
-            self.title, self.unit
-        );
-        let ours: Vec<&String> = self
-            .systems
-            .iter()
-            .filter(|s| s.starts_with(OURS))
-            .collect();
-        let reference = self
-            .reference
-            .filter(|r| self.systems.iter().any(|s| s == r));
-        let mut header = format!("| {} |", "case");
-        for system in &self.systems {
-            header += &format!(" {system} |");
-        }
-        for system in &ours {
-            header += &format!(" {system} vs best peer |");
-            if let Some(reference) = reference {
-                header += &format!(" {system} vs {reference} |");
-            }
-        }
-        println!("{header}");
-        let ratio_columns = ours.len() * if reference.is_some() { 2 } else { 1 };
-        println!("|{}", "---|".repeat(1 + self.systems.len() + ratio_columns));
-        for row in &self.rows {
-            let mut line = format!("| {row} |");
-            for system in &self.systems {
-                let cell = match self.cells.get(&(row.clone(), system.clone())) {
-                    Some(samples) => {
-                        let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
-                        let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                        let median = self.median(row, system).unwrap();
-                        if samples.len() > 1 {
-                            format!("{} [{}–{}]", fmt(median), fmt(min), fmt(max))
-                        } else {
-                            fmt(median)
-                        }
-                    }
-                    None => "–".to_owned(),
-                };
-                line += &format!(" {cell} |");
-            }
-            // The best end-to-end peer: a caller-side-only column is not a whole cost.
-            let best_peer = self
-                .systems
-                .iter()
-                .filter(|s| !s.starts_with(OURS) && !s.contains(CALLER_SIDE))
-                .filter(|s| !self.excluded.iter().any(|(e, _)| e == *s))
-                .filter_map(|s| self.median(row, s))
-                .fold(f64::INFINITY, f64::min);
-            for system in &ours {
-                let value = self.median(row, system);
-                line += &format!(
-                    " {} |",
-                    value.map_or("–".to_owned(), |v| Table::ratio(best_peer, v))
-                );
-                if let Some(reference) = reference {
-                    let base = self.median(row, reference).unwrap_or(f64::INFINITY);
-                    line += &format!(
-                        " {} |",
-                        value.map_or("–".to_owned(), |v| Table::ratio(base, v))
-                    );
-                }
-            }
-            println!("{line}");
-        }
-        for (system, why) in &self.excluded {
-            println!("\n{system} is not taken as the best peer here: {why}.");
-        }
-    }
-}
-
-fn fmt(value: f64) -> String {
-    if value.abs() >= 100.0 {
-        format!("{value:.0}")
-    } else if value.abs() >= 10.0 {
-        format!("{value:.1}")
-    } else {
-        format!("{value:.2}")
-    }
-}
-
-struct Progress {
-    done: usize,
-    total: usize,
-}
-
-impl Progress {
-    fn step(&mut self, what: &str) {
-        self.done += 1;
-        let width = 30;
-        let filled = (width * self.done / self.total.max(1)).min(width);
-        eprint!(
-            "\r[{}{}] {:>3}/{} {:<48}",
-            "#".repeat(filled),
-            " ".repeat(width - filled),
-            self.done,
-            self.total,
-            what
-        );
-        let _ = std::io::stderr().flush();
-    }
-}
-
-fn ns_per(duration: Duration, ops: usize) -> f64 {
-    duration.as_nanos() as f64 / ops as f64
-}
-
-fn parse_sizes(args: &[String], flag: &str) -> Option<Vec<usize>> {
-    let i = args.iter().position(|a| a == flag)?;
-    let list = args
-        .get(i + 1)
-        .unwrap_or_else(|| panic!("{flag} 10000,100000"));
-    Some(
-        list.split(',')
-            .map(|s| s.parse().unwrap_or_else(|_| panic!("{flag} 10000,100000")))
-            .collect(),
-    )
-}
+mod memory;
+mod report;
+use report::{Progress, Table, ns_per, parse_sizes};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -851,117 +653,18 @@ fn main() {
     }
 
     if wanted("memory") {
-        // A fresh wheel (and peer) per measurement: memory per pending timer includes what
-        // the timer service itself grows to hold them, which a warm long-lived service would
-        // hide (its capacity would already be there before the count starts).
-        for &n in &memory_sizes {
-            let label = format!("n = {n}");
-            progress.step(&format!("memory n={n} tokio"));
-            let (b, held) = on_worker(&runtime, bytes_per_timer(n, hold_tokio_sleeps));
-            drop(held);
-            memory.add(&label, "tokio Box<Sleep>", b);
-            progress.step(&format!("memory n={n} DelayQueue"));
-            let (b, held) = on_worker(&runtime, bytes_per_timer(n, hold_delay_queue));
-            drop(held);
-            memory.add(&label, "DelayQueue entry", b);
-            progress.step(&format!("memory n={n} kestrel-timer"));
-            let timer = kestrel(&runtime);
-            let (b, held) = on_worker(
-                &runtime,
-                bytes_per_timer(n, move |n| hold_kestrel(timer, n)),
-            );
-            let (timer, handles) = held;
-            drop(handles);
-            on_worker(&runtime, kestrel_shutdown(timer));
-            memory.add(&label, KESTREL, b);
-            progress.step(&format!("memory n={n} hierarchical_hash_wheel_timer"));
-            let timer = hash_wheel();
-            let timer_ref = timer.timer_ref();
-            let (b, held) = on_worker(
-                &runtime,
-                bytes_per_timer(n, move |n| hold_hash_wheel(timer_ref, n)),
-            );
-            drop(held);
-            timer.shutdown().expect("timer thread");
-            memory.add(&label, HASH_WHEEL, b);
-            progress.step(&format!("memory n={n} tokio-wheel Sleep"));
-            let w = new_wheel();
-            let (b, held) = on_worker(&runtime, {
-                let w = w.clone();
-                bytes_per_timer(n, move |n| hold_wheel_sleeps(w, n))
-            });
-            drop(held);
-            shutdown(&runtime, w);
-            memory.add(&label, "tokio-wheel Sleep", b);
-            progress.step(&format!("memory n={n} tokio-wheel job"));
-            let w = new_wheel();
-            let (b, held) = on_worker(&runtime, {
-                let w = w.clone();
-                bytes_per_timer(n, move |n| hold_wheel_jobs(w, n))
-            });
-            for job in &held {
-                job.cancel();
-            }
-            drop(held);
-            shutdown(&runtime, w);
-            memory.add(&label, "tokio-wheel job", b);
-            progress.step(&format!("memory n={n} tokio-wheel keyed"));
-            let w = new_wheel();
-            let (b, held) = on_worker(&runtime, {
-                let w = w.clone();
-                bytes_per_timer(n, move |n| hold_keyed(w, n))
-            });
-            drop(held);
-            shutdown(&runtime, w);
-            memory.add(&label, "tokio-wheel keyed entry", b);
-            progress.step(&format!("memory n={n} tokio-wheel keyed entry + handle"));
-            let w = new_wheel();
-            let (b, held) = on_worker(&runtime, {
-                let w = w.clone();
-                bytes_per_timer(n, move |n| hold_keyed_handles(w, n))
-            });
-            drop(held);
-            shutdown(&runtime, w);
-            memory.add(&label, "tokio-wheel keyed entry + handle", b);
-        }
+        memory::run(
+            &runtime,
+            &memory_sizes,
+            &new_wheel,
+            &shutdown,
+            &mut progress,
+            &mut memory,
+        );
     }
     eprintln!();
 
-    println!(
-        "## tokio-wheel vs tokio::time, DelayQueue, pingora-timeout, kestrel-timer and hierarchical_hash_wheel_timer\n"
-    );
-    let mut command = String::from("cargo run --release -p tokio-wheel-compare --example compare");
-    if args.len() > 1 {
-        command += " --";
-        for arg in &args[1..] {
-            command += &format!(" {arg}");
-        }
-    }
-    println!(
-        "`{command}` · {reps} repetitions reported per case, after one warm-up repetition of \
-         every system that is not · 2 Tokio workers"
-    );
-    println!();
-    println!(
-        "**Steady state.** Each scenario group uses one long-lived tokio-wheel `Wheel` (and, \
-         for keyed scenarios, one keyed set), built before the group's first repetition, \
-         kept across its repetitions and sizes, and shut down after the group; every \
-         repetition leaves it empty (cancelled, fired or drained, then flushed) outside the \
-         measured time. `kestrel-timer` and `hierarchical_hash_wheel_timer` are kept the same \
-         way (one wheel with its tick task, one timer thread) in schedule + cancel, postpone \
-         and producers; in fire and idle each run gets its own, so that an idle one never \
-         ticks under another peer's measurement. `DelayQueue` is built per repetition with \
-         the capacity it needs. Fire runs once per system and size (no warm-up). Memory \
-         builds a fresh wheel or peer per measurement, so that the service's own growth is \
-         counted."
-    );
-    if run_idle && pingora_clock_running() {
-        println!();
-        println!(
-            "Note: pingora-timeout's clock thread ran during the idle scenario; its wake-ups \
-             are left out, its CPU is not."
-        );
-    }
+    report::print_header(&args, reps, run_idle && pingora_clock_running());
     for table in [
         &idle,
         &schedule,
