@@ -177,6 +177,17 @@ impl Cascade {
         if !self.contains(id) {
             return false;
         }
+        let node = self.nodes[id];
+        let list = self.list_for(tick);
+        if list == node.list
+            && (list != OVERFLOW || tick / self.span() == node.tick() / self.span())
+        {
+            // Already on the list the new tick belongs on: a list is taken whole when its slot
+            // comes and each id is then placed by its own tick, so only the tick changes. Saves
+            // the unlink's two neighbours, random in memory once a big wheel has churned.
+            self.nodes[id].set_tick(tick);
+            return true;
+        }
         self.unlink(id);
         self.nodes[id].set_tick(tick);
         self.link(id);
