@@ -2,12 +2,14 @@
 //!
 //! Every command reaches the set's actor through a single-shard inbox, so commands from every
 //! handle apply in the order they were made. The actor keeps each entry once (key, value and
-//! exact deadline, in a table indexed by id) and finds ids by key through hash tables of ids
-//! that compare keys in that table: an entry costs its key and value plus about 35 bytes.
+//! exact deadline, in a table indexed by id) and finds ids by key through an index of hash
+//! bits and ids (`index.rs`) that compares keys in that table: an entry costs its key and value
+//! plus about 40 bytes.
 //!
 //! Both structures grow without long pauses, so a flood into a big set never stalls the actor
 //! (and its runtime) for long: entries live in fixed-size chunks (growing never copies them),
-//! and the index is split into [`INDEX_SHARDS`](tables::INDEX_SHARDS) tables, so a resize rehashes a small fraction.
+//! and the index is split into [`INDEX_SHARDS`](index::INDEX_SHARDS) tables, so a resize
+//! refiles a small fraction (without reading a key).
 //!
 //! Postponing is lazy: moving a key's deadline later only rewrites the entry's deadline; when
 //! the old tick comes, the actor files the entry again for the new one.
@@ -23,12 +25,13 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use hashbrown::hash_table;
 use tokio::sync::{mpsc, oneshot};
 
+mod index;
 mod tables;
 
-use self::tables::{CHUNK, Chunk, Due, Entries, Entry, Index, Words, due_at};
+use self::index::{Found, Index};
+use self::tables::{CHUNK, Chunk, Due, Entries, Entry, Words, due_at};
 use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
 use super::{Backlog, Ctx, Machine};
@@ -217,7 +220,7 @@ where
 
     fn find(&self, key: &K, hash: u64) -> Option<u32> {
         let entries = &self.entries;
-        self.index.find(hash, |&id| {
+        self.index.find(hash, |id| {
             entries
                 .slot(id)
                 .as_ref()
@@ -432,31 +435,21 @@ where
         ctx.delta.inserted += 1;
         // One probe of the index finds the key or the place for it: a set of a new key
         // (most sets) does not probe again to insert.
-        let (entries, hasher) = (&self.entries, &self.hasher);
-        let shard = &mut self.index.shards[Index::shard(hash)];
-        let found = match shard.entry(
-            hash,
-            |&id| {
-                entries
-                    .slot(id)
-                    .as_ref()
-                    .is_some_and(|entry| entry.key == key)
-            },
-            // Rehashing on growth needs every key's hash: the index keeps only ids.
-            |&id| hasher.hash_one(&entries.get(id).key),
-        ) {
-            hash_table::Entry::Occupied(found) => Ok(*found.get()),
-            hash_table::Entry::Vacant(place) => Err(place),
-        };
+        let entries = &self.entries;
+        let found = self.index.find_or_place(hash, |id| {
+            entries
+                .slot(id)
+                .as_ref()
+                .is_some_and(|entry| entry.key == key)
+        });
         match found {
-            Err(place) => {
+            Found::Vacant(place) => {
                 let id = self.entries.insert(Entry { key, value, due });
-                place.insert(id);
-                self.index.len += 1;
+                self.index.insert_at(place, id);
                 self.file_new(id, deadline);
                 id
             }
-            Ok(id) => {
+            Found::Id(id) => {
                 // Replaced: the old entry counts as cancelled, the new as inserted.
                 ctx.delta.cancelled += 1;
                 self.retire(id);
@@ -480,6 +473,19 @@ where
     fn apply(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
         let stripe = self.apply_one(command, ctx);
         self.ledger.applied_in(stripe);
+    }
+
+    fn prefetch(&self, command: &KeyedCommand<K, V>) {
+        // By-key commands on a big set miss the cache in the index first: start that early.
+        // (Hashing the key twice costs little next to a miss.)
+        match command {
+            KeyedCommand::Set { key, .. }
+            | KeyedCommand::Insert { key, .. }
+            | KeyedCommand::Reset { key, .. }
+            | KeyedCommand::Remove(key)
+            | KeyedCommand::Take(key, _) => self.index.prefetch(self.hasher.hash_one(key)),
+            _ => {}
+        }
     }
 
     fn fire(&mut self, now: u64, budget: usize, backlog: Backlog, ctx: &mut Ctx<'_>) -> usize {
@@ -566,9 +572,7 @@ where
     }
 
     fn holds_memory(&self, _shared: &Shared) -> bool {
-        !self.entries.chunks.is_empty()
-            || self.words.holds_memory()
-            || self.index.shards.iter().any(|shard| shard.capacity() > 0)
+        !self.entries.chunks.is_empty() || self.words.holds_memory() || self.index.holds_memory()
     }
 
     fn sparse(&self, _shared: &Shared) -> bool {
@@ -587,9 +591,7 @@ where
             // Entries outlive a flood: keep only the chunks and table room they use.
             self.entries.release_unused();
             self.words.release_unused();
-            let (entries, hasher) = (&self.entries, &self.hasher);
-            self.index
-                .shrink(|&id| hasher.hash_one(&entries.get(id).key));
+            self.index.shrink();
             self.timeline.release_unfiled();
         }
         self.reserved = self.reserved.min(CHUNK);

@@ -1,17 +1,13 @@
-//! The keyed machine's tables: entries by id in fixed-size chunks, the handles' shared deadline
-//! words by id, and the key index (64 shards of a hash table from key to id).
+//! The keyed machine's tables: entries by id in fixed-size chunks, and the handles' shared
+//! deadline words by id (the key index is `index.rs`).
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
-
-use hashbrown::HashTable;
 
 use crate::timer::keyed::DeadlineWord;
 
 /// Entries per chunk of the entry table.
 pub(super) const CHUNK: usize = 1024;
-/// Hash tables the index is split into.
-pub(super) const INDEX_SHARDS: usize = 64;
 
 pub(super) struct Entry<K, V> {
     pub(super) key: K,
@@ -258,52 +254,6 @@ impl Words {
             self.chunks.pop();
         }
         self.chunks.shrink_to_fit();
-    }
-}
-
-/// Ids by key, in [`INDEX_SHARDS`] hash tables chosen by hash bits the tables themselves do not
-/// use for placement.
-pub(super) struct Index {
-    pub(super) shards: Box<[HashTable<u32>]>,
-    pub(super) len: usize,
-}
-
-impl Index {
-    pub(super) fn new() -> Self {
-        Index {
-            shards: (0..INDEX_SHARDS).map(|_| HashTable::new()).collect(),
-            len: 0,
-        }
-    }
-
-    pub(super) fn shard(hash: u64) -> usize {
-        (hash >> 32) as usize % INDEX_SHARDS
-    }
-
-    pub(super) fn find(&self, hash: u64, eq: impl FnMut(&u32) -> bool) -> Option<u32> {
-        self.shards[Self::shard(hash)].find(hash, eq).copied()
-    }
-
-    pub(super) fn remove(&mut self, hash: u64, id: u32) {
-        if let Ok(found) = self.shards[Self::shard(hash)].find_entry(hash, |&other| other == id) {
-            found.remove();
-            self.len -= 1;
-        }
-    }
-
-    pub(super) fn release_if_empty(&mut self) {
-        if self.len == 0 && self.shards.iter().any(|shard| shard.capacity() > 0) {
-            *self = Index::new();
-        }
-    }
-
-    /// Shrinks every table to what its ids need; `rehash` gives an id's hash.
-    pub(super) fn shrink(&mut self, rehash: impl Fn(&u32) -> u64) {
-        for shard in self.shards.iter_mut() {
-            if shard.capacity() > 2 * shard.len() + 16 {
-                shard.shrink_to_fit(&rehash);
-            }
-        }
     }
 }
 
