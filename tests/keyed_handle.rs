@@ -114,6 +114,37 @@ async fn an_earlier_reset_through_the_handle_fires_at_the_new_deadline() {
     assert_eq!(start.elapsed(), secs(6));
 }
 
+/// An earlier move queues an advance, but the next move of the same handle need not wait for
+/// it: the handle stores it at once (its `deadline()` shows it), and the entry fires for it —
+/// not for the earlier deadline the advance was sent for, and not before.
+#[tokio::test(start_paused = true)]
+async fn a_move_right_after_an_earlier_one_is_stored_at_once_and_wins() {
+    let wheel = Wheel::new();
+    let start = Instant::now();
+    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+    let timer = timers.insert(1, 10, secs(100));
+    assert_eq!(timers.len().await, 1);
+    let commands = wheel.stats().commands;
+    timer.reset_at(start + secs(5)); // earlier: an advance is queued
+    timer.reset_at(start + secs(40)); // later, with the advance still queued
+    assert_eq!(timer.deadline(), start + secs(40));
+    timer.reset_at(start + secs(20)); // earlier again
+    assert_eq!(timer.deadline(), start + secs(20));
+    let e = expired.next().await.unwrap();
+    assert_eq!(start.elapsed(), secs(20));
+    assert_eq!(
+        (e.into_parts(), e_deadline(&timer)),
+        ((1, 10), start + secs(20))
+    );
+    // Two advances and nothing else: the later move was one store, not a queued move.
+    assert_eq!(wheel.stats().commands - commands, 2);
+}
+
+fn e_deadline(timer: &KeyedTimer<u8, u8>) -> Instant {
+    assert!(timer.is_stale());
+    timer.deadline()
+}
+
 #[tokio::test(start_paused = true)]
 async fn remove_and_take_through_the_handle() {
     let wheel = Wheel::new();

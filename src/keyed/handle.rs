@@ -131,7 +131,14 @@ where
         let stripe = Ledger::stripe(self.hash);
         if self.word.is_quiet() && self.set.ledger.is_quiet(stripe) {
             if self.word.move_to(offset) == Moved::Earlier {
-                self.send(KeyedCommand::Advance(self.target()), by(offset));
+                // Not counted in the word: the advance writes nothing there (the actor reads
+                // the word when it applies it), so no later store of this handle can be undone
+                // by it, and the actor need not take the word's cache line back to count it
+                // down.
+                if !self.set.wheel.shared.is_closed() {
+                    let command = KeyedCommand::Advance(self.target());
+                    self.set.send(command, Stripe::Uncounted, by(offset));
+                }
             }
         } else if !self.is_stale() {
             let command = KeyedCommand::Move(Box::new((self.target(), offset)));

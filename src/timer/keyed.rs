@@ -74,7 +74,8 @@ pub(crate) enum Due {
 #[derive(Debug)]
 pub(crate) struct DeadlineWord {
     word: AtomicU64,
-    /// The handles' own commands in flight. Handles count up before queueing one; the actor
+    /// The handles' own commands in flight that write the entry (moves, removals, takes: not
+    /// an advance, which only reads the word). Handles count up before queueing one; the actor
     /// counts down once it has applied it — if the entry is still live: a gone entry's word
     /// refuses every move anyway.
     in_flight: AtomicU32,

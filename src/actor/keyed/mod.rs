@@ -386,13 +386,12 @@ where
             }
             // A handle's own commands count in its word, not in the ledger: counted down
             // once applied to a live entry (a gone entry's word refuses every move anyway).
+            // An advance is the exception: it only reads the word, so it is not counted.
             KeyedCommand::Advance(target) => {
                 if let Some(id) = self.live(&target) {
                     // Should it move again meanwhile, later, the entry's tick finds out.
-                    let word = self.words.of(id);
-                    let deadline = word.load().1;
+                    let deadline = self.words.of(id).load().1;
                     self.timeline.advance_to(id, due_at(deadline));
-                    word.applied();
                     ctx.delta.rescheduled += 1;
                 }
                 Stripe::Uncounted
