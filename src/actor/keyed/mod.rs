@@ -494,11 +494,13 @@ where
         let shown = self.timeline.expire(now, budget, |id, limit| {
             // In the middle of a flood's batch, a by-key command on this key (a `reset`, a
             // `remove`) may wait in the batch although it returned before the deadline: such
-            // an entry waits for the end of the turn, when the batch is applied.
+            // an entry waits for the end of the turn, when the batch is applied. `Later(limit)`
+            // parks it within its own tick (the timeline shows parked entries first on every
+            // pass), so it fires once the batch is applied, not a tick later.
             if backlog == Backlog::Unapplied
                 && !ledger.is_quiet(Ledger::stripe(hasher.hash_one(&entries.get(id).key)))
             {
-                return Verdict::Later(limit.saturating_add(1));
+                return Verdict::Later(limit);
             }
             match entries.get(id).due.deadline() {
                 Some(deadline) if due_at(deadline) <= limit => {
@@ -510,8 +512,9 @@ where
                 // the inbox, perhaps before the clock read that made the entry due (the
                 // handle then returned before the deadline) — a later move queued behind
                 // another command would lose to the expiry. Look again once the next turn
-                // has taken it: never early, at most a turn late, and only while racing.
-                None if !words.of(id).is_quiet() => Verdict::Later(limit.saturating_add(1)),
+                // has taken it: never early, at most a turn late, and only while racing
+                // (parked within its tick, as above).
+                None if !words.of(id).is_quiet() => Verdict::Later(limit),
                 // The handle may be moving it right now: one compare-and-swap decides.
                 None => match words.of(id).on_due(limit.min(i64::MAX as u64) as i64) {
                     word::Due::Fire(deadline) => {
