@@ -219,6 +219,9 @@ pub(crate) struct Actor<M: Machine> {
     idle_since: Option<u64>,
     /// The last release left memory held by timers still in use.
     release_blocked: bool,
+    /// Timers pending when memory was last given back around them (a flood's survivors):
+    /// once they are all gone, the rest of their memory goes too.
+    kept_at_release: usize,
     stopped: bool,
 }
 
@@ -236,6 +239,7 @@ impl<M: Machine> Actor<M> {
             reported_moves: Moves::default(),
             idle_since: None,
             release_blocked: false,
+            kept_at_release: 0,
             stopped: false,
         }
     }
@@ -483,6 +487,12 @@ impl<M: Machine> Actor<M> {
             self.release_blocked = false;
             self.idle_since = None;
         }
+        if idle && self.kept_at_release > 0 {
+            // The last release kept the memory of a few survivors, and they are gone (removed,
+            // fired): give the rest back once idle for a grace period, rather than never.
+            self.kept_at_release = 0;
+            self.idle_since = None;
+        }
         // Looked at only when quiet: `holds_memory` locks every inbox shard.
         let holds = quiet
             && self.idle_since != Some(u64::MAX)
@@ -495,6 +505,7 @@ impl<M: Machine> Actor<M> {
             if now.saturating_sub(since) >= IDLE_GRACE.as_nanos() as u64 {
                 self.inbox.trim();
                 self.release_blocked = !self.machine.release_memory(&self.inbox, &self.shared);
+                self.kept_at_release = pending;
                 // Given back, or held by timers still in use: no reason to wake for it again
                 // until the next burst, or until those timers give their slots back.
                 self.idle_since = Some(u64::MAX);
