@@ -481,7 +481,11 @@ async fn churn_on_one_key_leaves_exactly_the_last_entry() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     let (k, v, d, at) = seen[0];
     assert_eq!((k, v, d), (0, last, deadline));
-    assert!(at >= deadline && at - deadline <= LATE, "fired at {:?}", at - t0);
+    assert!(
+        at >= deadline && at - deadline <= LATE,
+        "fired at {:?}",
+        at - t0
+    );
     assert_eq!(timers.len().await, 63);
 }
 
@@ -492,7 +496,11 @@ async fn replacing_keys_many_times_fires_each_once_with_its_last_value() {
     let wheel = Wheel::new();
     let (timers, mut expired) = wheel.keyed::<u64, u64>();
     let t0 = Instant::now();
-    let (keys, times) = if full() { (100_000u64, 20u64) } else { (5_000, 10) };
+    let (keys, times) = if full() {
+        (100_000u64, 20u64)
+    } else {
+        (5_000, 10)
+    };
     let mut rng = Rng(77);
     let mut want = BTreeMap::new();
     for round in 0..times {
@@ -508,7 +516,11 @@ async fn replacing_keys_many_times_fires_each_once_with_its_last_value() {
     for (k, v, d, at) in seen {
         let (wv, wd) = want.remove(&k).expect("fired twice");
         assert_eq!((v, d), (wv, wd), "key {k}");
-        assert!(at >= d && at - d <= LATE, "key {k} fired {:?} after", at - d);
+        assert!(
+            at >= d && at - d <= LATE,
+            "key {k} fired {:?} after",
+            at - d
+        );
     }
     assert_eq!(timers.len().await, 0);
 }
@@ -554,7 +566,11 @@ async fn removing_every_other_key_keeps_the_rest_findable() {
         assert_eq!(k, v);
         assert!(k % 4 == 3, "key {k} fired");
         assert_eq!(d, t0 + ms(1 + k % 1_000));
-        assert!(at >= d && at - d <= LATE, "key {k} fired {:?} after", at - d);
+        assert!(
+            at >= d && at - d <= LATE,
+            "key {k} fired {:?} after",
+            at - d
+        );
         assert!(fired.insert(k), "key {k} fired twice");
     }
     assert_eq!(timers.len().await, 0);
@@ -636,7 +652,11 @@ async fn survivors_of_a_flood_are_found_after_the_index_shrinks() {
     for (k, v, d, at) in seen {
         let (wv, wd) = want.remove(&k).expect("fired twice or not set");
         assert_eq!((v, d), (wv, wd), "key {k}");
-        assert!(at >= d && at - d <= LATE, "key {k} fired {:?} after", at - d);
+        assert!(
+            at >= d && at - d <= LATE,
+            "key {k} fired {:?} after",
+            at - d
+        );
     }
     assert_eq!(timers.len().await, 0);
 }
