@@ -415,248 +415,133 @@ async fn random_ops_with_three_distinct_hashes_match_a_model() {
     random_ops_match_the_model(Few, 2_000, 20_000, 0xfe3).await;
 }
 
-// ───────────────────────────── churn, removal patterns, floods ─────────────────────────────
+/// A key whose hash has 61 distinct values: clusters all around the index, some wrapping
+/// past its end.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Clustered(u64);
 
-/// Reads every expiration until `until`, letting paused time run there; returns them as
-/// `(key, value, deadline, seen at)`.
-async fn expire_until<K: Send + 'static>(
-    timers: &Timers<K, u64>,
-    expired: &mut Expirations<K, u64>,
-    until: Instant,
-) -> Vec<(K, u64, Instant, Instant)>
+impl Hash for Clustered {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0 % 61);
+    }
+}
+
+/// A far deadline (1 to 3 hours): nothing fires while the index grows and shrinks.
+fn far(rng: &mut Rng) -> Instant {
+    Instant::now() + secs(3_600) + Duration::from_millis(rng.below(7_200_000))
+}
+
+/// The index grown key by key while older keys are taken, removed, moved and replaced
+/// between insertions (so lookups and removals meet every stage of a resize), then shrunk by
+/// removing most keys, with lookups after idle pauses of several lengths (so they meet the
+/// shrink, whenever it happens); everything left then fires as set.
+async fn growth_and_shrink_interleaved_with_lookups<K>(make: fn(u64) -> K, keys: u64, seed: u64)
 where
-    K: Eq + Hash + Clone,
+    K: Ord + Hash + Eq + Clone + Debug + Send + Sync + 'static,
 {
-    let mut seen = Vec::new();
-    loop {
-        tokio::select! {
-            biased;
-            e = expired.next() => {
-                let e = e.expect("stream ended");
-                let (deadline, now) = (e.deadline(), Instant::now());
-                let (k, v) = e.into_parts();
-                seen.push((k, v, deadline, now));
-            }
-            _ = tokio::time::sleep_until(until) => break,
-        }
-    }
-    let _ = timers.len().await;
-    settle().await;
-    while let Poll::Ready(Some(e)) = poll_once(&mut expired.next()) {
-        let (deadline, now) = (e.deadline(), Instant::now());
-        let (k, v) = e.into_parts();
-        seen.push((k, v, deadline, now));
-    }
-    seen
-}
-
-/// One key set, removed and set again many times (with `len()` and `take` in between): the
-/// index never keeps a second entry or a tombstone that a later lookup trips on; only the
-/// last value fires, once, at its deadline.
-#[tokio::test(start_paused = true)]
-async fn churn_on_one_key_leaves_exactly_the_last_entry() {
     let wheel = Wheel::new();
-    let (timers, mut expired) = wheel.keyed::<u64, u64>();
-    let t0 = Instant::now();
-    let rounds = if full() { 200_000 } else { 20_000 };
-    // Neighbours that stay set throughout, so the key's probe run has company.
-    for k in 1..64u64 {
-        timers.set(k, k, secs(7_200));
-    }
-    for i in 0..rounds {
-        timers.set(0, i, ms(10 + i % 50));
-        timers.remove(&0);
-        timers.set(0, i, ms(100 + i % 50));
-        if i % 1_000 == 0 {
-            assert_eq!(timers.len().await, 64, "round {i}");
-            assert_eq!(timers.take(&0).await, Some(i));
-            assert_eq!(timers.take(&0).await, None);
-            timers.set(0, i, ms(100 + i % 50));
-        }
-    }
-    assert_eq!(timers.len().await, 64);
-    let last = rounds - 1;
-    let deadline = t0 + ms(100 + last % 50);
-    let seen = expire_until(&timers, &mut expired, t0 + secs(3_600)).await;
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    let (k, v, d, at) = seen[0];
-    assert_eq!((k, v, d), (0, last, deadline));
-    assert!(
-        at >= deadline && at - deadline <= LATE,
-        "fired at {:?}",
-        at - t0
-    );
-    assert_eq!(timers.len().await, 63);
-}
-
-/// Replace-heavy load: every key replaced many times with later and earlier deadlines; each
-/// fires once, with its last value and deadline.
-#[tokio::test(start_paused = true)]
-async fn replacing_keys_many_times_fires_each_once_with_its_last_value() {
-    let wheel = Wheel::new();
-    let (timers, mut expired) = wheel.keyed::<u64, u64>();
-    let t0 = Instant::now();
-    let (keys, times) = if full() {
-        (100_000u64, 20u64)
-    } else {
-        (5_000, 10)
-    };
-    let mut rng = Rng(77);
-    let mut want = BTreeMap::new();
-    for round in 0..times {
-        for k in 0..keys {
-            let d = ms(1 + rng.below(20_000));
-            timers.set(k, round * keys + k, d);
-            want.insert(k, (round * keys + k, t0 + d));
-        }
-        assert_eq!(timers.len().await, keys as usize);
-    }
-    let seen = expire_until(&timers, &mut expired, t0 + secs(30)).await;
-    assert_eq!(seen.len(), keys as usize);
-    for (k, v, d, at) in seen {
-        let (wv, wd) = want.remove(&k).expect("fired twice");
-        assert_eq!((v, d), (wv, wd), "key {k}");
-        assert!(
-            at >= d && at - d <= LATE,
-            "key {k} fired {:?} after",
-            at - d
-        );
-    }
-    assert_eq!(timers.len().await, 0);
-}
-
-/// Every other key removed (each removal shifts entries back in the index), then every key
-/// looked up: the survivors are all found by `reset`, `take` and the expirations, the removed
-/// ones by none of them.
-#[tokio::test(start_paused = true)]
-async fn removing_every_other_key_keeps_the_rest_findable() {
-    let wheel = Wheel::new();
-    let (timers, mut expired) = wheel.keyed::<u64, u64>();
-    let t0 = Instant::now();
-    let keys = if full() { 100_000u64 } else { 20_000 };
-    for k in 0..keys {
-        timers.set(k, k, secs(3_600));
-    }
-    for k in (0..keys).step_by(2) {
-        timers.remove(&k);
-    }
-    assert_eq!(timers.len().await, keys as usize / 2);
-    // Odd keys: a quarter taken, the rest moved earlier by key (to 1..=1000 ms).
-    let mut taken = 0;
-    for k in (1..keys).step_by(2) {
-        if k % 4 == 1 {
-            assert_eq!(timers.take(&k).await, Some(k), "take({k})");
-            taken += 1;
-        } else {
-            timers.reset(&k, ms(1 + k % 1_000));
-        }
-    }
-    // Removed keys: nothing to find.
-    for k in (0..keys).step_by(2) {
-        timers.reset(&k, ms(1));
-        if k % 64 == 0 {
-            assert_eq!(timers.take(&k).await, None, "take({k}) after remove");
-        }
-    }
-    assert_eq!(timers.len().await, keys as usize / 2 - taken);
-    let seen = expire_until(&timers, &mut expired, t0 + secs(2)).await;
-    assert_eq!(seen.len(), keys as usize / 2 - taken);
-    let mut fired = std::collections::BTreeSet::new();
-    for (k, v, d, at) in seen {
-        assert_eq!(k, v);
-        assert!(k % 4 == 3, "key {k} fired");
-        assert_eq!(d, t0 + ms(1 + k % 1_000));
-        assert!(
-            at >= d && at - d <= LATE,
-            "key {k} fired {:?} after",
-            at - d
-        );
-        assert!(fired.insert(k), "key {k} fired twice");
-    }
-    assert_eq!(timers.len().await, 0);
-    quiet_after(&mut expired, secs(7_200)).await;
-}
-
-/// Nothing more expires over `d` of paused time.
-async fn quiet_after<K, V>(expired: &mut Expirations<K, V>, d: Duration) {
-    tokio::select! {
-        e = expired.next() => panic!("an expiration came: {:?}", e.map(|e| e.deadline())),
-        _ = tokio::time::sleep(d) => {}
-    }
-}
-
-/// A flood of keys, most removed, the wheel left idle long enough to give memory back (so
-/// the index shrinks around the survivors), then the survivors moved (later by handle,
-/// earlier by key), some taken and some replaced: each found and fired correctly.
-#[tokio::test(start_paused = true)]
-async fn survivors_of_a_flood_are_found_after_the_index_shrinks() {
-    let wheel = Wheel::new();
-    let (timers, mut expired) = wheel.keyed::<u64, u64>();
-    let keys = if full() { 1_000_000u64 } else { 100_000 };
-    let mut handles = Vec::new();
-    for k in 0..keys {
-        if k % 997 == 0 {
-            handles.push(timers.insert(k, k, secs(3_600)));
-        } else {
-            timers.set(k, k, secs(3_600));
-        }
-    }
-    for k in 0..keys {
-        if k % 997 != 0 {
-            timers.remove(&k);
-        }
-    }
-    let survivors = handles.len();
-    assert_eq!(timers.len().await, survivors);
-    // Idle for a while: nothing due, no command.
-    quiet_after(&mut expired, secs(60)).await;
-    // Real time too, in case giving memory back waits on it.
-    tokio::task::spawn_blocking(|| std::thread::sleep(ms(300)))
-        .await
-        .unwrap();
-    settle().await;
-    assert_eq!(timers.len().await, survivors);
-    let t1 = Instant::now();
-    let mut want = BTreeMap::new();
-    for (i, h) in handles.iter().enumerate() {
-        let k = *h.key();
-        match i % 4 {
+    let mut h = Harness::<K>::new(&wheel);
+    let mut rng = Rng(seed);
+    for i in 0..keys {
+        let d = far(&mut rng);
+        h.set(make(i), d);
+        let other = make(rng.below(i + 1));
+        match rng.below(8) {
             0 => {
-                assert_eq!(timers.take(&k).await, Some(k), "take({k})");
-                assert!(h.take().await.is_none());
+                let got = h.timers.take(&other).await;
+                assert_eq!(got, h.model.remove(&other).map(|e| e.value), "take");
             }
             1 => {
-                h.reset(secs(7_200)); // later, by the handle
-                want.insert(k, (k, t1 + secs(7_200)));
+                h.timers.remove(&other);
+                h.model.remove(&other);
             }
             2 => {
-                timers.reset(&k, ms(1 + i as u64)); // earlier, by key
-                want.insert(k, (k, t1 + ms(1 + i as u64)));
+                let d = far(&mut rng);
+                h.timers.reset_at(&other, d);
+                if let Some(e) = h.model.get_mut(&other) {
+                    e.deadline = d;
+                }
             }
-            _ => {
-                timers.set(k, k + 1, ms(500 + i as u64)); // replaced
-                h.reset(ms(1)); // stale: nothing
-                want.insert(k, (k + 1, t1 + ms(500 + i as u64)));
+            3 => {
+                let d = far(&mut rng);
+                h.insert(other, d);
+            }
+            _ => {}
+        }
+        if i % 512 == 511 {
+            h.check_len().await;
+        }
+    }
+    h.check_len().await;
+    // Shrink: all but about one key in 16 removed, with takes among the removals.
+    for i in 0..keys {
+        if i % 16 != 0 {
+            let key = make(i);
+            if i % 5 == 0 {
+                let got = h.timers.take(&key).await;
+                assert_eq!(got, h.model.remove(&key).map(|e| e.value), "take");
+            } else {
+                h.timers.remove(&key);
+                h.model.remove(&key);
             }
         }
     }
-    // Removed keys stay gone.
-    for k in (1..keys).step_by(101) {
-        if k % 997 != 0 {
-            assert_eq!(timers.take(&k).await, None, "take({k})");
+    h.check_len().await;
+    for pause in [0, 1, 10, 100, 1_000, 10_000, 60_000] {
+        tokio::time::advance(ms(pause)).await;
+        settle().await;
+        for _ in 0..keys / 64 {
+            let key = make(rng.below(keys));
+            match rng.below(4) {
+                0 => {
+                    let got = h.timers.take(&key).await;
+                    assert_eq!(got, h.model.remove(&key).map(|e| e.value), "take");
+                }
+                1 => {
+                    let d = far(&mut rng);
+                    h.set(key, d);
+                }
+                2 => {
+                    let d = far(&mut rng);
+                    h.timers.reset_at(&key, d);
+                    if let Some(e) = h.model.get_mut(&key) {
+                        e.deadline = d;
+                    }
+                }
+                _ => {
+                    h.timers.remove(&key);
+                    h.model.remove(&key);
+                }
+            }
         }
+        h.check_len().await;
     }
-    assert_eq!(timers.len().await, want.len());
-    let seen = expire_until(&timers, &mut expired, t1 + secs(7_300)).await;
-    assert_eq!(seen.len(), want.len());
-    for (k, v, d, at) in seen {
-        let (wv, wd) = want.remove(&k).expect("fired twice or not set");
-        assert_eq!((v, d), (wv, wd), "key {k}");
-        assert!(
-            at >= d && at - d <= LATE,
-            "key {k} fired {:?} after",
-            at - d
-        );
+    for _ in 0..4 * 60 {
+        tokio::time::advance(secs(60)).await;
+        h.collect().await;
     }
-    assert_eq!(timers.len().await, 0);
+    assert!(h.model.is_empty(), "never delivered: {:?}", h.model);
+    assert_eq!(h.timers.len().await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn index_growth_and_shrink_keep_u64_keys_findable() {
+    let keys = if full() { 200_000 } else { 20_000 };
+    growth_and_shrink_interleaved_with_lookups(|k| k, keys, 0xabc).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn index_growth_and_shrink_keep_clustered_keys_findable() {
+    let keys = if full() { 20_000 } else { 4_000 };
+    growth_and_shrink_interleaved_with_lookups(Clustered, keys, 0x61).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn index_growth_and_shrink_keep_colliding_keys_findable() {
+    growth_and_shrink_interleaved_with_lookups(Collide, 2_000, 0xc0).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn random_ops_with_clustered_hashes_match_a_model() {
+    random_ops_match_the_model(Clustered, 3_000, 20_000, 0x6161).await;
 }

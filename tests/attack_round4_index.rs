@@ -1,0 +1,275 @@
+//! Outside attacks, round 4, on the keyed set's index at scale (API.md §3): churn on one key,
+//! replace-heavy loads, removal patterns, and the survivors of a flood after the wheel went
+//! idle. Written from the contract and the public rustdoc only; see `attack_round4.rs`.
+
+use std::collections::BTreeMap;
+use std::hash::Hash;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+use tokio_wheel::{Expirations, Timers, Wheel};
+
+#[path = "support/attack.rs"]
+mod attack;
+use attack::{ms, poll_once, secs, settle};
+
+#[path = "support/rng.rs"]
+#[allow(dead_code)]
+mod rng;
+use rng::Rng;
+
+fn full() -> bool {
+    std::env::var_os("TOKIO_WHEEL_FULL").is_some()
+}
+
+/// How late past its deadline an entry may fire in paused time: one tick (the default 1 ms),
+/// plus one for a deadline that falls inside a tick.
+const LATE: Duration = Duration::from_millis(2);
+
+// ───────────────────────────── churn, removal patterns, floods ─────────────────────────────
+
+/// Reads every expiration until `until`, letting paused time run there; returns them as
+/// `(key, value, deadline, seen at)`.
+async fn expire_until<K: Send + 'static>(
+    timers: &Timers<K, u64>,
+    expired: &mut Expirations<K, u64>,
+    until: Instant,
+) -> Vec<(K, u64, Instant, Instant)>
+where
+    K: Eq + Hash + Clone,
+{
+    let mut seen = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            e = expired.next() => {
+                let e = e.expect("stream ended");
+                let (deadline, now) = (e.deadline(), Instant::now());
+                let (k, v) = e.into_parts();
+                seen.push((k, v, deadline, now));
+            }
+            _ = tokio::time::sleep_until(until) => break,
+        }
+    }
+    let _ = timers.len().await;
+    settle().await;
+    while let Poll::Ready(Some(e)) = poll_once(&mut expired.next()) {
+        let (deadline, now) = (e.deadline(), Instant::now());
+        let (k, v) = e.into_parts();
+        seen.push((k, v, deadline, now));
+    }
+    seen
+}
+
+/// One key set, removed and set again many times (with `len()` and `take` in between): the
+/// index never keeps a second entry or a tombstone that a later lookup trips on; only the
+/// last value fires, once, at its deadline.
+#[tokio::test(start_paused = true)]
+async fn churn_on_one_key_leaves_exactly_the_last_entry() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let t0 = Instant::now();
+    let rounds = if full() { 200_000 } else { 20_000 };
+    // Neighbours that stay set throughout, so the key's probe run has company.
+    for k in 1..64u64 {
+        timers.set(k, k, secs(7_200));
+    }
+    for i in 0..rounds {
+        timers.set(0, i, ms(10 + i % 50));
+        timers.remove(&0);
+        timers.set(0, i, ms(100 + i % 50));
+        if i % 1_000 == 0 {
+            assert_eq!(timers.len().await, 64, "round {i}");
+            assert_eq!(timers.take(&0).await, Some(i));
+            assert_eq!(timers.take(&0).await, None);
+            timers.set(0, i, ms(100 + i % 50));
+        }
+    }
+    assert_eq!(timers.len().await, 64);
+    let last = rounds - 1;
+    let deadline = t0 + ms(100 + last % 50);
+    let seen = expire_until(&timers, &mut expired, t0 + secs(3_600)).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let (k, v, d, at) = seen[0];
+    assert_eq!((k, v, d), (0, last, deadline));
+    assert!(
+        at >= deadline && at - deadline <= LATE,
+        "fired at {:?}",
+        at - t0
+    );
+    assert_eq!(timers.len().await, 63);
+}
+
+/// Replace-heavy load: every key replaced many times with later and earlier deadlines; each
+/// fires once, with its last value and deadline.
+#[tokio::test(start_paused = true)]
+async fn replacing_keys_many_times_fires_each_once_with_its_last_value() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let t0 = Instant::now();
+    let (keys, times) = if full() {
+        (100_000u64, 20u64)
+    } else {
+        (5_000, 10)
+    };
+    let mut rng = Rng(77);
+    let mut want = BTreeMap::new();
+    for round in 0..times {
+        for k in 0..keys {
+            let d = ms(1 + rng.below(20_000));
+            timers.set(k, round * keys + k, d);
+            want.insert(k, (round * keys + k, t0 + d));
+        }
+        assert_eq!(timers.len().await, keys as usize);
+    }
+    let seen = expire_until(&timers, &mut expired, t0 + secs(30)).await;
+    assert_eq!(seen.len(), keys as usize);
+    for (k, v, d, at) in seen {
+        let (wv, wd) = want.remove(&k).expect("fired twice");
+        assert_eq!((v, d), (wv, wd), "key {k}");
+        assert!(
+            at >= d && at - d <= LATE,
+            "key {k} fired {:?} after",
+            at - d
+        );
+    }
+    assert_eq!(timers.len().await, 0);
+}
+
+/// Every other key removed (each removal shifts entries back in the index), then every key
+/// looked up: the survivors are all found by `reset`, `take` and the expirations, the removed
+/// ones by none of them.
+#[tokio::test(start_paused = true)]
+async fn removing_every_other_key_keeps_the_rest_findable() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let t0 = Instant::now();
+    let keys = if full() { 100_000u64 } else { 20_000 };
+    for k in 0..keys {
+        timers.set(k, k, secs(3_600));
+    }
+    for k in (0..keys).step_by(2) {
+        timers.remove(&k);
+    }
+    assert_eq!(timers.len().await, keys as usize / 2);
+    // Odd keys: a quarter taken, the rest moved earlier by key (to 1..=1000 ms).
+    let mut taken = 0;
+    for k in (1..keys).step_by(2) {
+        if k % 4 == 1 {
+            assert_eq!(timers.take(&k).await, Some(k), "take({k})");
+            taken += 1;
+        } else {
+            timers.reset(&k, ms(1 + k % 1_000));
+        }
+    }
+    // Removed keys: nothing to find.
+    for k in (0..keys).step_by(2) {
+        timers.reset(&k, ms(1));
+        if k % 64 == 0 {
+            assert_eq!(timers.take(&k).await, None, "take({k}) after remove");
+        }
+    }
+    assert_eq!(timers.len().await, keys as usize / 2 - taken);
+    let seen = expire_until(&timers, &mut expired, t0 + secs(2)).await;
+    assert_eq!(seen.len(), keys as usize / 2 - taken);
+    let mut fired = std::collections::BTreeSet::new();
+    for (k, v, d, at) in seen {
+        assert_eq!(k, v);
+        assert!(k % 4 == 3, "key {k} fired");
+        assert_eq!(d, t0 + ms(1 + k % 1_000));
+        assert!(
+            at >= d && at - d <= LATE,
+            "key {k} fired {:?} after",
+            at - d
+        );
+        assert!(fired.insert(k), "key {k} fired twice");
+    }
+    assert_eq!(timers.len().await, 0);
+    quiet_after(&mut expired, secs(7_200)).await;
+}
+
+/// Nothing more expires over `d` of paused time.
+async fn quiet_after<K, V>(expired: &mut Expirations<K, V>, d: Duration) {
+    tokio::select! {
+        e = expired.next() => panic!("an expiration came: {:?}", e.map(|e| e.deadline())),
+        _ = tokio::time::sleep(d) => {}
+    }
+}
+
+/// A flood of keys, most removed, the wheel left idle long enough to give memory back (so
+/// the index shrinks around the survivors), then the survivors moved (later by handle,
+/// earlier by key), some taken and some replaced: each found and fired correctly.
+#[tokio::test(start_paused = true)]
+async fn survivors_of_a_flood_are_found_after_the_index_shrinks() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let keys = if full() { 1_000_000u64 } else { 100_000 };
+    let mut handles = Vec::new();
+    for k in 0..keys {
+        if k % 997 == 0 {
+            handles.push(timers.insert(k, k, secs(3_600)));
+        } else {
+            timers.set(k, k, secs(3_600));
+        }
+    }
+    for k in 0..keys {
+        if k % 997 != 0 {
+            timers.remove(&k);
+        }
+    }
+    let survivors = handles.len();
+    assert_eq!(timers.len().await, survivors);
+    // Idle for a while: nothing due, no command.
+    quiet_after(&mut expired, secs(60)).await;
+    // Real time too, in case giving memory back waits on it.
+    tokio::task::spawn_blocking(|| std::thread::sleep(ms(300)))
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(timers.len().await, survivors);
+    let t1 = Instant::now();
+    let mut want = BTreeMap::new();
+    for (i, h) in handles.iter().enumerate() {
+        let k = *h.key();
+        match i % 4 {
+            0 => {
+                assert_eq!(timers.take(&k).await, Some(k), "take({k})");
+                assert!(h.take().await.is_none());
+            }
+            1 => {
+                h.reset(secs(7_200)); // later, by the handle
+                want.insert(k, (k, t1 + secs(7_200)));
+            }
+            2 => {
+                timers.reset(&k, ms(1 + i as u64)); // earlier, by key
+                want.insert(k, (k, t1 + ms(1 + i as u64)));
+            }
+            _ => {
+                timers.set(k, k + 1, ms(500 + i as u64)); // replaced
+                h.reset(ms(1)); // stale: nothing
+                want.insert(k, (k + 1, t1 + ms(500 + i as u64)));
+            }
+        }
+    }
+    // Removed keys stay gone.
+    for k in (1..keys).step_by(101) {
+        if k % 997 != 0 {
+            assert_eq!(timers.take(&k).await, None, "take({k})");
+        }
+    }
+    assert_eq!(timers.len().await, want.len());
+    let seen = expire_until(&timers, &mut expired, t1 + secs(7_300)).await;
+    assert_eq!(seen.len(), want.len());
+    for (k, v, d, at) in seen {
+        let (wv, wd) = want.remove(&k).expect("fired twice or not set");
+        assert_eq!((v, d), (wv, wd), "key {k}");
+        assert!(
+            at >= d && at - d <= LATE,
+            "key {k} fired {:?} after",
+            at - d
+        );
+    }
+    assert_eq!(timers.len().await, 0);
+}
