@@ -273,3 +273,91 @@ async fn survivors_of_a_flood_are_found_after_the_index_shrinks() {
     }
     assert_eq!(timers.len().await, 0);
 }
+
+/// Eight tasks on two workers, each with its own `Timers` clone and its own keys, grow and
+/// shrink one index at once (set, replace, remove, take, move by key and by handle; nothing
+/// due meanwhile): `take` answers as each task's model says, `len()` matches the sum, and once
+/// everything is moved to a few milliseconds ahead, each live entry fires once with its last
+/// value, never early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_owners_growing_and_shrinking_one_index_agree_with_their_models() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let per_task = if full() { 50_000u64 } else { 5_000 };
+    let mut tasks = Vec::new();
+    for t in 0..8u64 {
+        let timers = timers.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(t + 11);
+            let mut model = BTreeMap::new();
+            let mut handles = Vec::new();
+            let base = t * per_task * 2;
+            for round in 0..3u64 {
+                for i in 0..per_task {
+                    let key = base + rng.below(per_task * 2);
+                    let value = round * 1_000_000_000 + t * 10_000_000 + i;
+                    match rng.below(10) {
+                        0..=3 => {
+                            timers.set(key, value, secs(3_600 + rng.below(3_600)));
+                            model.insert(key, value);
+                        }
+                        4 => {
+                            handles.push(timers.insert(key, value, secs(3_600)));
+                            model.insert(key, value);
+                        }
+                        5..=6 => {
+                            timers.remove(&key);
+                            model.remove(&key);
+                        }
+                        7 => {
+                            assert_eq!(timers.take(&key).await, model.remove(&key), "{key}");
+                        }
+                        8 => timers.reset(&key, secs(3_600 + rng.below(3_600))),
+                        _ => {
+                            if let Some(h) =
+                                handles.get(rng.below(handles.len() as u64 + 1) as usize)
+                            {
+                                h.reset(secs(3_600 + rng.below(3_600)));
+                            }
+                        }
+                    }
+                }
+                // Shrink: most of this task's keys removed.
+                for key in base..base + per_task * 2 {
+                    if key % 7 != 0 {
+                        timers.remove(&key);
+                        model.remove(&key);
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            model
+        }));
+    }
+    let mut want = BTreeMap::new();
+    for task in tasks {
+        want.extend(task.await.unwrap());
+    }
+    assert_eq!(timers.len().await, want.len());
+    let t1 = Instant::now();
+    for (i, key) in want.keys().enumerate() {
+        timers.reset(key, ms(5 + i as u64 % 50));
+    }
+    let n = want.len();
+    for _ in 0..n {
+        let e = tokio::time::timeout(secs(30), expired.next())
+            .await
+            .expect("an entry never fired")
+            .unwrap();
+        assert!(Instant::now() >= e.deadline(), "fired early");
+        assert!(e.deadline() >= t1 + ms(5));
+        let (key, value) = e.into_parts();
+        assert_eq!(
+            want.remove(&key),
+            Some(value),
+            "key {key}: fired twice or wrong value"
+        );
+    }
+    assert!(want.is_empty());
+    assert_eq!(timers.len().await, 0);
+}
