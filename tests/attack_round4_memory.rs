@@ -136,3 +136,71 @@ fn flood_memory_comes_back_once_scattered_survivors_go_after_an_idle_pause() {
         "{retained} bytes still held once empty and idle ({held} held with the survivors)"
     );
 }
+
+/// A flood whose first 300 keys survive (the index and its storage can shrink around them):
+/// after the wheel idled and gave memory back, the survivors are still found — taken, moved
+/// earlier by key and by handle, replaced — and fire once each, never early; then the memory
+/// is back.
+#[test]
+fn survivors_of_a_shrunk_flood_are_found_moved_and_fired() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (runtime, _wheel, timers, mut expired, baseline) = setup();
+    let keys: u64 = if full() { 1_000_000 } else { 200_000 };
+    let survivors = 300u64;
+    let handles: Vec<_> = (0..survivors)
+        .map(|key| timers.insert(key, key, Duration::from_secs(3_600)))
+        .collect();
+    for key in survivors..keys {
+        timers.set(key, key, Duration::from_secs(3_600));
+    }
+    for key in survivors..keys {
+        timers.remove(&key);
+    }
+    assert_eq!(runtime.block_on(timers.len()), survivors as usize);
+    std::thread::sleep(Duration::from_secs(2));
+    let held = LIVE.load(Ordering::Relaxed) - baseline;
+    eprintln!("{held} bytes held with {survivors} survivors after idling");
+    let start = tokio::time::Instant::now();
+    let mut want = std::collections::BTreeMap::new();
+    for (i, handle) in handles.iter().enumerate() {
+        let key = *handle.key();
+        let after = Duration::from_millis(5 + i as u64 % 40);
+        match i % 5 {
+            0 => assert_eq!(runtime.block_on(timers.take(&key)), Some(key)),
+            1 => assert_eq!(runtime.block_on(handle.take()), Some(key)),
+            2 => {
+                handle.reset(after);
+                want.insert(key, (key, start + after));
+            }
+            3 => {
+                timers.reset(&key, after);
+                want.insert(key, (key, start + after));
+            }
+            _ => {
+                timers.set(key, key + 1, after);
+                want.insert(key, (key + 1, start + after));
+            }
+        }
+    }
+    for key in (survivors..keys).step_by(997) {
+        assert_eq!(runtime.block_on(timers.take(&key)), None, "{key}");
+    }
+    runtime.block_on(async {
+        for _ in 0..want.len() {
+            let e = tokio::time::timeout(Duration::from_secs(10), expired.next())
+                .await
+                .expect("a survivor never fired")
+                .unwrap();
+            assert!(tokio::time::Instant::now() >= e.deadline(), "fired early");
+            let deadline = e.deadline();
+            let (key, value) = e.into_parts();
+            let (want_value, want_deadline) = want.remove(&key).expect("fired twice");
+            assert_eq!(value, want_value, "{key}");
+            assert!(deadline >= want_deadline, "{key}: deadline");
+        }
+    });
+    assert_eq!(runtime.block_on(timers.len()), 0);
+    drop(handles);
+    let retained = retained_after(baseline, Duration::from_secs(5));
+    assert!(retained < SLACK, "{retained} bytes still held once empty");
+}
