@@ -73,6 +73,7 @@ struct Harness<K: Ord> {
     next_value: u64,
     next_generation: u64,
     delivered: u64,
+    collects: u64,
 }
 
 impl<K> Harness<K>
@@ -89,6 +90,7 @@ where
             next_value: 0,
             next_generation: 0,
             delivered: 0,
+            collects: 0,
         }
     }
 
@@ -156,6 +158,11 @@ where
         }
         if rounds > 4 {
             eprintln!("collect took {rounds} rounds");
+        }
+        // The full scan costs O(keys): with a big model, it runs on every 64th call only.
+        self.collects += 1;
+        if self.model.len() > 5_000 && self.collects % 64 != 0 {
+            return;
         }
         if let Some((key, e)) = self.model.iter().find(|(_, e)| e.deadline + LATE <= now) {
             panic!(
@@ -372,7 +379,7 @@ where
 #[tokio::test(start_paused = true)]
 async fn random_ops_on_u64_keys_match_a_model() {
     let (keys, ops) = if full() {
-        (100_000, 1_000_000)
+        (100_000, 300_000)
     } else {
         (3_000, 40_000)
     };
@@ -382,7 +389,7 @@ async fn random_ops_on_u64_keys_match_a_model() {
 #[tokio::test(start_paused = true)]
 async fn random_ops_on_string_keys_match_a_model() {
     let (keys, ops) = if full() {
-        (50_000, 500_000)
+        (50_000, 200_000)
     } else {
         (2_000, 20_000)
     };
@@ -392,7 +399,7 @@ async fn random_ops_on_string_keys_match_a_model() {
 #[tokio::test(start_paused = true)]
 async fn random_ops_on_tuple_keys_match_a_model() {
     let (keys, ops) = if full() {
-        (50_000, 500_000)
+        (50_000, 200_000)
     } else {
         (2_000, 20_000)
     };

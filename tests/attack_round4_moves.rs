@@ -403,3 +403,150 @@ async fn keyed_entries_moved_earlier_across_level_boundaries_fire_at_the_new_dea
         check(&log, n);
     }
 }
+
+/// Each boundary pair again, but each timer alone in its own wheel, so nothing else wakes
+/// the actor: moved earlier (within its slot or not), it still fires at the new deadline.
+#[tokio::test(start_paused = true)]
+async fn a_lone_sleep_moved_earlier_fires_at_the_new_deadline() {
+    let points = boundaries();
+    for phase in [Duration::ZERO, ms(500), ms(59_500)] {
+        for &old in &points {
+            for &new in points.iter().filter(|&&new| new < old && new > phase) {
+                let wheel = Wheel::new();
+                let t0 = Instant::now();
+                let mut sleep = wheel.sleep_until(t0 + old);
+                let _ = attack::poll_once(&mut sleep);
+                tokio::time::sleep(phase).await;
+                Pin::new(&mut sleep).reset(t0 + new);
+                sleep.await;
+                let at = Instant::now() - t0;
+                assert!(
+                    at >= new && at - new <= TICK,
+                    "{old:?} -> {new:?} at {phase:?}: fired at {at:?}"
+                );
+                wheel.shutdown().await;
+            }
+        }
+    }
+}
+
+/// The same for a lone keyed entry, moved by its handle or by key.
+#[tokio::test(start_paused = true)]
+async fn a_lone_keyed_entry_moved_earlier_fires_at_the_new_deadline() {
+    let points = boundaries();
+    for phase in [Duration::ZERO, ms(500), ms(59_500)] {
+        for by_key in [false, true] {
+            for &old in &points {
+                for &new in points.iter().filter(|&&new| new < old && new > phase) {
+                    let wheel = Wheel::new();
+                    let (timers, mut expired) = wheel.keyed::<u8, u8>();
+                    let t0 = Instant::now();
+                    let handle = timers.insert_at(1, 2, t0 + old);
+                    let _ = timers.len().await;
+                    tokio::time::sleep(phase).await;
+                    if by_key {
+                        timers.reset_at(&1, t0 + new);
+                    } else {
+                        handle.reset_at(t0 + new);
+                    }
+                    let e = expired.next().await.unwrap();
+                    let at = Instant::now() - t0;
+                    let name = format!("{old:?} -> {new:?} at {phase:?}, by key: {by_key}");
+                    assert_eq!((e.deadline(), e.into_parts()), (t0 + new, (1, 2)), "{name}");
+                    assert!(at >= new && at - new <= TICK, "{name}: fired at {at:?}");
+                    wheel.shutdown().await;
+                }
+            }
+        }
+    }
+}
+
+/// One slot of each level crowded with sleeps; rounds of moves earlier within the slot,
+/// drops of neighbours (unlinking them next to moved ones) and new sleeps (reusing the
+/// dropped ones' pool slots), time passing toward the slot: every sleep left fires at its
+/// final deadline.
+#[tokio::test(start_paused = true)]
+async fn sleeps_moved_within_a_crowded_slot_among_drops_and_reuse_fire_on_time() {
+    let wheel = Wheel::new();
+    let t0 = Instant::now();
+    let mut rng = Rng(0x5107);
+    // (slot start, slot width): a second, a minute, an hour, each some way ahead.
+    let slots = [
+        (secs(5), secs(1)),
+        (secs(180), secs(60)),
+        (secs(3 * 3_600), secs(3_600)),
+    ];
+    let mut live: Vec<(tokio_wheel::Sleep, Instant)> = Vec::new();
+    let in_slot = |rng: &mut Rng, s: usize| {
+        let (start, width) = slots[s];
+        t0 + start + Duration::from_micros(rng.below(width.as_micros() as u64))
+    };
+    for s in 0..slots.len() {
+        for _ in 0..64 {
+            let d = in_slot(&mut rng, s);
+            let mut sleep = wheel.sleep_until(d);
+            let _ = attack::poll_once(&mut sleep);
+            live.push((sleep, d));
+        }
+    }
+    let rounds = if full() { 2_000 } else { 300 };
+    for round in 0..rounds {
+        let at = rng.below(live.len() as u64) as usize;
+        match rng.below(4) {
+            0 | 1 => {
+                // Earlier, staying in the slot (and in the future).
+                let (sleep, d) = &mut live[at];
+                let s = slots
+                    .iter()
+                    .position(|&(start, width)| *d < t0 + start + width)
+                    .unwrap();
+                let floor = (t0 + slots[s].0).max(Instant::now() + ms(1));
+                if *d > floor {
+                    let room = (*d - floor).as_micros() as u64;
+                    *d -= Duration::from_micros(1 + rng.below(room));
+                    Pin::new(sleep).reset(*d);
+                }
+            }
+            2 => {
+                drop(live.swap_remove(at));
+            }
+            _ => {
+                let s = rng.below(slots.len() as u64) as usize;
+                let d = in_slot(&mut rng, s);
+                let mut sleep = wheel.sleep_until(d);
+                let _ = attack::poll_once(&mut sleep);
+                live.push((sleep, d));
+            }
+        }
+        if round % 50 == 49 {
+            // Let the actor apply them, and time pass (never into the first slot). Whole
+            // milliseconds: after an advance off tokio's millisecond grid, tokio's own timers
+            // (which the actor sleeps on) fire up to 1 ms later than the grid would.
+            tokio::time::advance(ms(rng.below(40))).await;
+            attack::settle().await;
+        }
+    }
+    let log: Log = Arc::default();
+    let expected = live.len();
+    let mut tasks = Vec::new();
+    for (sleep, d) in live {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            sleep.await;
+            log.lock()
+                .unwrap()
+                .push((format!("sleep {:?}", d - t0), d, Instant::now()));
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    if std::env::var_os("DBG").is_some() {
+        let mut l = log.lock().unwrap().clone();
+        l.sort_by_key(|x| x.2);
+        for (n, d, at) in l.iter().take(40) {
+            eprintln!("{n} d={:?} at={:?} late={:?}", *d - t0, *at - t0, *at - *d);
+        }
+    }
+    check(&log, expected);
+}
