@@ -414,7 +414,7 @@ async fn random_ops_on_tuple_keys_match_a_model() {
 
 #[tokio::test(start_paused = true)]
 async fn random_ops_with_every_key_colliding_match_a_model() {
-    random_ops_match_the_model(Collide, 2_000, 20_000, 0xc011_1de).await;
+    random_ops_match_the_model(Collide, 2_000, 20_000, 0x0c01_11de).await;
 }
 
 #[tokio::test(start_paused = true)]

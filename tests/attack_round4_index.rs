@@ -32,13 +32,13 @@ const LATE: Duration = Duration::from_millis(2);
 
 /// Reads every expiration until `until`, letting paused time run there; returns them as
 /// `(key, value, deadline, seen at)`.
-async fn expire_until<K: Send + 'static>(
+async fn expire_until<K>(
     timers: &Timers<K, u64>,
     expired: &mut Expirations<K, u64>,
     until: Instant,
 ) -> Vec<(K, u64, Instant, Instant)>
 where
-    K: Eq + Hash + Clone,
+    K: Eq + Hash + Clone + Send + 'static,
 {
     let mut seen = Vec::new();
     loop {
