@@ -361,3 +361,62 @@ async fn concurrent_owners_growing_and_shrinking_one_index_agree_with_their_mode
     assert!(want.is_empty());
     assert_eq!(timers.len().await, 0);
 }
+
+/// Thousands of keys filed in one slot of each upper level (a second, a minute, an hour
+/// ahead), then each moved within its slot: earlier by key or by handle (the entry stays on
+/// the slot's list with a new tick), or later by handle (refiled when its old tick comes).
+/// Each fires once, at its final deadline, at most a tick late; none early.
+#[tokio::test(start_paused = true)]
+async fn many_keys_moved_within_their_upper_level_slot_fire_at_their_final_deadline() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let t0 = Instant::now();
+    let per_slot = if full() { 100_000u64 } else { 5_000 };
+    let slots = [
+        (secs(5), secs(1)),
+        (secs(180), secs(60)),
+        (secs(7_200), secs(3_600)),
+    ];
+    let mut rng = Rng(0x5107);
+    let mut want = BTreeMap::new();
+    let mut handles = Vec::new();
+    for (s, &(start, width)) in slots.iter().enumerate() {
+        let width = width.as_micros() as u64;
+        for i in 0..per_slot {
+            let key = s as u64 * per_slot + i;
+            // In the slot's upper half, so earlier moves can stay inside it.
+            let at = width / 2 + rng.below(width / 2);
+            let deadline = t0 + start + Duration::from_micros(at);
+            handles.push((timers.insert_at(key, key, deadline), start, at));
+        }
+    }
+    assert_eq!(timers.len().await, handles.len());
+    for (i, (handle, start, at)) in handles.iter().enumerate() {
+        let key = *handle.key();
+        let new = match i % 4 {
+            0 => *at - rng.below(*at),
+            1 => *at - rng.below(1_000).min(*at),
+            2 => *at + rng.below(1_000),
+            _ => *at,
+        };
+        let deadline = t0 + *start + Duration::from_micros(new);
+        if i % 2 == 0 {
+            timers.reset_at(&key, deadline);
+        } else {
+            handle.reset_at(deadline);
+        }
+        want.insert(key, deadline);
+    }
+    let seen = expire_until(&timers, &mut expired, t0 + secs(3 * 3_600)).await;
+    assert_eq!(seen.len(), want.len());
+    for (k, v, d, at) in seen {
+        assert_eq!(k, v);
+        let wd = want.remove(&k).expect("fired twice");
+        assert_eq!(d, wd, "key {k}: deadline");
+        assert!(
+            at >= d && at - d <= LATE,
+            "key {k} fired {:?} after",
+            at - d
+        );
+    }
+}
