@@ -420,3 +420,50 @@ async fn many_keys_moved_within_their_upper_level_slot_fire_at_their_final_deadl
         );
     }
 }
+
+/// `drain` right behind a flood (while the index is still growing), then the same keys set
+/// again into the emptied index, some replaced and taken: the drain returns each key once
+/// with its value, and the second generation fires as set, nothing of the first.
+#[tokio::test(start_paused = true)]
+async fn drain_behind_a_flood_then_refill_returns_and_fires_each_key_once() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<String, u64>();
+    let t0 = Instant::now();
+    let keys = if full() { 200_000u64 } else { 20_000 };
+    for round in 0..3u64 {
+        for k in 0..keys {
+            timers.set(format!("k{k}"), round * keys + k, secs(60 + k % 600));
+        }
+        let mut drained = timers.drain().await;
+        assert_eq!(drained.len(), keys as usize, "round {round}");
+        drained.sort_by_key(|(_, v)| *v);
+        for (i, (k, v)) in drained.into_iter().enumerate() {
+            assert_eq!((k, v), (format!("k{i}"), round * keys + i as u64));
+        }
+        assert_eq!(timers.len().await, 0);
+    }
+    let mut want = BTreeMap::new();
+    for k in (0..keys).step_by(2) {
+        timers.set(format!("k{k}"), k, ms(1 + k % 1_000));
+        want.insert(format!("k{k}"), (k, t0 + ms(1 + k % 1_000)));
+    }
+    for k in (0..keys).step_by(6) {
+        let key = format!("k{k}");
+        if k % 12 == 0 {
+            assert_eq!(timers.take(&key).await, Some(k));
+            want.remove(&key);
+        } else {
+            timers.set(key.clone(), k + 1, ms(1_500));
+            want.insert(key, (k + 1, t0 + ms(1_500)));
+        }
+    }
+    assert_eq!(timers.len().await, want.len());
+    let seen = expire_until(&timers, &mut expired, t0 + secs(2)).await;
+    assert_eq!(seen.len(), want.len());
+    for (k, v, d, at) in seen {
+        let (wv, wd) = want.remove(&k).expect("fired twice or not set");
+        assert_eq!((v, d), (wv, wd), "{k}");
+        assert!(at >= d && at - d <= LATE, "{k} fired {:?} after", at - d);
+    }
+    quiet_after(&mut expired, secs(3_600)).await;
+}
