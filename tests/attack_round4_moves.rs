@@ -550,3 +550,83 @@ async fn sleeps_moved_within_a_crowded_slot_among_drops_and_reuse_fire_on_time()
     }
     check(&log, expected);
 }
+
+/// Real time, two workers: two tasks move 2 000 keyed entries earlier again and again in
+/// small steps (by handle and by key), stopping 2 ms short of now, while they fire. Each
+/// fires once, never early, and at its last requested deadline when that request returned
+/// before the deadline it replaced (API.md: such a reset always lands); else at one of the
+/// two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_entries_moved_earlier_while_firing_land_or_fire_once() {
+    let wheel = Wheel::new();
+    let (timers, expired) = wheel.keyed::<u64, u64>();
+    let reader = tokio::spawn(async move {
+        expired
+            .map(|e| (e.deadline(), Instant::now(), e.into_parts().0))
+            .collect::<Vec<_>>()
+            .await
+    });
+    let keys = if full() { 20_000u64 } else { 2_000 };
+    let mut movers = Vec::new();
+    for part in 0..2u64 {
+        let timers = timers.clone();
+        movers.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let mut rng = Rng(part + 3);
+            let mut live: Vec<_> = (part * keys / 2..(part + 1) * keys / 2)
+                .map(|k| {
+                    let d = start + ms(100 + k % 200);
+                    (timers.insert_at(k, k, d), d, d, Instant::now())
+                })
+                .collect();
+            // (handle, current deadline, previous deadline, when the last move returned)
+            let mut done = Vec::new();
+            while !live.is_empty() {
+                let at = rng.below(live.len() as u64) as usize;
+                let (handle, current, _, _) = &live[at];
+                let next = *current - Duration::from_micros(50 + rng.below(400));
+                if next < Instant::now() + ms(2) {
+                    done.push(live.swap_remove(at));
+                    continue;
+                }
+                if rng.below(2) == 0 {
+                    handle.reset_at(next);
+                } else {
+                    timers.reset_at(handle.key(), next);
+                }
+                let returned = Instant::now();
+                let entry = &mut live[at];
+                *entry = (entry.0.clone(), next, entry.1, returned);
+                if rng.below(16) == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            done.into_iter()
+                .map(|(h, current, previous, returned)| (*h.key(), (current, previous, returned)))
+                .collect::<Vec<_>>()
+        }));
+    }
+    let mut want = BTreeMap::new();
+    for mover in movers {
+        want.extend(mover.await.unwrap());
+    }
+    tokio::time::sleep(ms(400)).await;
+    drop(timers);
+    let fired = tokio::time::timeout(secs(30), reader)
+        .await
+        .expect("stream did not end")
+        .unwrap();
+    assert_eq!(fired.len(), keys as usize, "each key fires once");
+    for (deadline, at, key) in fired {
+        let (current, previous, returned) = want.remove(&key).expect("fired twice");
+        assert!(at >= deadline, "key {key} fired early");
+        if returned < previous {
+            assert_eq!(
+                deadline, current,
+                "key {key}: a move that returned in time was lost"
+            );
+        } else {
+            assert!(deadline == current || deadline == previous, "key {key}");
+        }
+    }
+}
