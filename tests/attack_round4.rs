@@ -374,6 +374,15 @@ where
     assert_eq!(h.timers.len().await, 0);
     assert!(h.handles.iter().all(|(_, t)| t.is_stale()));
     assert!(h.delivered > 0);
+    // Stats' ledger balances (its documented identity), and counts every delivery.
+    let stats = wheel.stats();
+    assert_eq!(
+        stats.inserted,
+        stats.fired + stats.cancelled + stats.pending,
+        "{stats:?}"
+    );
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    assert_eq!(stats.fired, h.delivered, "{stats:?}");
 }
 
 #[tokio::test(start_paused = true)]
