@@ -467,3 +467,79 @@ async fn drain_behind_a_flood_then_refill_returns_and_fires_each_key_once() {
     }
     quiet_after(&mut expired, secs(3_600)).await;
 }
+
+/// A key that holds a token, equal and hashed by its id alone.
+#[derive(Clone, Debug)]
+struct Tracked {
+    id: u64,
+    _token: std::sync::Arc<()>,
+}
+
+impl PartialEq for Tracked {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Tracked {}
+
+impl Hash for Tracked {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // A few distinct hashes only: long probe runs, many backward shifts on removal.
+        state.write_u64(self.id % 5);
+    }
+}
+
+/// Every key and value the set was given is dropped once it is gone — replaced, removed,
+/// taken, drained or fired — however the index shifted entries around: no copy kept (a
+/// leak), none dropped twice (the token's count would fall short).
+#[tokio::test(start_paused = true)]
+async fn keys_and_values_are_dropped_once_they_are_gone() {
+    let token = std::sync::Arc::new(());
+    {
+        let wheel = Wheel::new();
+        let (timers, mut expired) = wheel.keyed::<Tracked, std::sync::Arc<()>>();
+        let t0 = Instant::now();
+        let mut rng = Rng(0xd207);
+        let keys = if full() { 20_000u64 } else { 2_000 };
+        let mut handles = Vec::new();
+        for i in 0..keys * 5 {
+            let k = rng.below(keys);
+            let key = Tracked {
+                id: k,
+                _token: token.clone(),
+            };
+            match rng.below(6) {
+                0 | 1 => timers.set(key, token.clone(), ms(1 + rng.below(5_000))),
+                2 => handles.push(timers.insert(key, token.clone(), ms(1 + rng.below(5_000)))),
+                3 => timers.remove(&key),
+                4 => drop(timers.take(&key).await),
+                _ => timers.reset(&key, ms(1 + rng.below(5_000))),
+            }
+            if i % 997 == 0 {
+                tokio::time::advance(ms(rng.below(50))).await;
+            }
+            if i == keys * 4 {
+                drop(timers.drain().await);
+            }
+        }
+        drop(handles);
+        let until = tokio::time::sleep_until(t0 + secs(10));
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                e = expired.next() => drop(e.expect("stream ended")),
+                _ = &mut until => break,
+            }
+        }
+        let _ = timers.len().await;
+        settle().await;
+        while let Poll::Ready(Some(e)) = poll_once(&mut expired.next()) {
+            drop(e);
+        }
+        assert_eq!(timers.len().await, 0);
+        // Every expiration read: the set holds nothing of ours.
+        assert_eq!(std::sync::Arc::strong_count(&token), 1, "copies still held");
+    }
+    assert_eq!(std::sync::Arc::strong_count(&token), 1);
+}
