@@ -2,7 +2,7 @@
 //! remove churn, colliding hashes) written from the contract and the public rustdoc only.
 //! Moving timers earlier (API.md §1 and §3) is in `attack_round4_moves.rs`. Every attack that
 //! holds is kept as a regression test, named by the behaviour; a broken promise is kept as
-//! `#[ignore = "finding: …"]`.
+//! `#[ignore = "finding: …"]` until fixed (both of this round's findings are fixed and run).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

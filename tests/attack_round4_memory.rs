@@ -113,14 +113,13 @@ fn flood_memory_comes_back_once_its_survivors_are_taken_or_fired() {
     }
 }
 
-/// Finding: a flood of 200 000 keys leaves 200 survivors spread over it (every 1 000th); the
+/// A finding of the round-4 attack, fixed (it failed every run before): a flood of 200 000 keys leaves 200 survivors spread over it (every 1 000th); the
 /// wheel idles 2 s with them set (it keeps ~9.6 MB then, ~50 KB per survivor), then they are
 /// removed (or moved to 5 ms and fired: the same). Empty and idle, the set still holds
 /// ~10.4 MB (seen for 6 s, and after 1 000 more sets and removes; a second flood removed whole
 /// gives it back). With 1 or 2 survivors, 200 adjacent ones, or survivors gone before the
 /// idle pause, the memory comes back.
 #[test]
-#[ignore = "finding: a flood's memory is not given back once scattered survivors that outlived an idle pause go"]
 fn flood_memory_comes_back_once_scattered_survivors_go_after_an_idle_pause() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (runtime, _wheel, timers, _expired, baseline) = setup();
