@@ -195,6 +195,12 @@ where
     }
 
     /// How many keys are set.
+    ///
+    /// Also the set's barrier (as [`Wheel::flush`](crate::Wheel::flush) is the sleeps'): it
+    /// answers once the set's actor has applied every command sent before it. It does not wait
+    /// for firing: an entry already due may reach the [`Expirations`](crate::Expirations)
+    /// stream a moment after `len` answers (the actor answers while it applies commands and
+    /// fires after).
     pub async fn len(&self) -> usize {
         self.set
             .ask(KeyedCommand::Len, Stripe::Uncounted)
