@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use crate::actor::keyed::{Delivery, Drained, Expiry};
 use crate::timer::shared::Shared;
 
-/// A keyed timer that fired (or was flushed by shutdown), read from [`Expirations`].
+/// A keyed timer that fired (or was flushed by shutdown), read from
+/// [`Expirations`](crate::Expirations).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expired<K, V> {
     key: K,
@@ -54,9 +55,10 @@ impl<K, V> Expired<K, V> {
 /// The stream of keyed expirations; made by [`Wheel::keyed`](crate::Wheel::keyed).
 ///
 /// `Send + Unpin`. Expirations come in deadline order across ticks. The stream ends once every
-/// [`Timers`] clone is dropped and nothing is pending (live [`KeyedTimer`]s, which can only act
-/// on their own entries, do not keep it open), or after shutdown (once the entries
-/// flushed by it, marked [`Expired::is_shutdown`], are read). Dropping it is allowed: the
+/// [`Timers`](crate::Timers) clone is dropped and nothing is pending (live
+/// [`KeyedTimer`](crate::KeyedTimer)s, which can only act on their own entries, do not keep it
+/// open), or after shutdown (once the entries flushed by it, marked [`Expired::is_shutdown`],
+/// are read). Dropping it is allowed: the
 /// timers keep working and their expirations are discarded.
 pub struct Expirations<K, V> {
     pub(super) receiver: mpsc::UnboundedReceiver<Delivery<K, V>>,

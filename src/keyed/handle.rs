@@ -14,7 +14,8 @@ use crate::timer::keyed::{DeadlineWord, Ledger, Moved, Stripe};
 
 use super::set::{Set, by};
 
-/// A handle to one keyed entry, for the task that owns it; made by [`Timers::insert`].
+/// A handle to one keyed entry, for the task that owns it; made by
+/// [`Timers::insert`](crate::Timers::insert).
 ///
 /// The use it is built for: a connection's task that postpones its own idle timer on every
 /// message. [`reset`](Self::reset) to a later deadline is one compare-and-swap on a word this
@@ -57,9 +58,10 @@ use super::set::{Set, by};
 ///
 /// # Which entry
 ///
-/// The handle and the by-key calls ([`Timers::set`], [`reset`](Timers::reset),
-/// [`remove`](Timers::remove), [`take`](Timers::take)) act on the same entry, and commands from
-/// one task apply in the order they were made, whichever of the two it used. Once the key is
+/// The handle and the by-key calls ([`Timers::set`](crate::Timers::set),
+/// [`reset`](crate::Timers::reset), [`remove`](crate::Timers::remove),
+/// [`take`](crate::Timers::take)) act on the same entry, and commands from one task apply in
+/// the order they were made, whichever of the two it used. Once the key is
 /// replaced (`set` or `insert` again), removed, taken, drained or expired, or the wheel has
 /// stopped, the handle is stale for good: `reset` and `remove` do nothing, `take` answers
 /// `None`, and [`deadline`](Self::deadline) keeps the deadline the entry had when it went. A
@@ -68,8 +70,9 @@ use super::set::{Set, by};
 /// always lands, even when it had to queue behind a command in flight on the key (the actor
 /// holds such an entry back until it has applied its handle's queued commands).
 ///
-/// Handles do not keep the set's [`Expirations`] stream open: once every [`Timers`] clone is
-/// dropped and nothing is pending, it ends (every handle is stale by then).
+/// Handles do not keep the set's [`Expirations`](crate::Expirations) stream open: once every
+/// [`Timers`](crate::Timers) clone is dropped and nothing is pending, it ends (every handle is
+/// stale by then).
 ///
 /// `Clone + Send`, and `Sync` when `K` is. Each clone holds its own copy of the key; dropping
 /// the handles leaves the entry set.
