@@ -4,7 +4,7 @@
 //! handle apply in the order they were made. The actor keeps each entry once (key, value and
 //! exact deadline, in a table indexed by id) and finds ids by key through an index of hash
 //! bits and ids (`index.rs`) that compares keys in that table: an entry costs its key and value
-//! plus about 40 bytes.
+//! plus about 45–50 bytes.
 //!
 //! Both structures grow without long pauses, so a flood into a big set never stalls the actor
 //! (and its runtime) for long: entries live in fixed-size chunks (growing never copies them),
