@@ -542,22 +542,22 @@ async fn a_schedule_wakes_only_workers_it_is_earlier_for() {
 /// Issue 12 item 10: what makes a retried ack safe is kept about one lease, then the store's
 /// memory is back to its baseline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finish_marks_expire_and_memory_returns_to_baseline() {
+async fn kept_replies_expire_and_memory_returns_to_baseline() {
     let Some(server) = support::redis_server::start() else {
         return;
     };
     let wheel = Wheel::new();
-    // Long enough for the marks to outlive the run (which a slow machine stretches).
+    // Long enough for the kept replies to outlive the run (which a slow machine stretches).
     let lease = Duration::from_secs(3);
     let queue = DurableQueue::builder()
         .lease(lease)
         .prefetch(256)
-        .redis(&server.url(), "marks", &wheel)
+        .redis(&server.url(), "replies", &wheel)
         .await
         .unwrap();
     let mut connection = raw(&server);
     let mut deliveries = queue.deliveries();
-    // Warm up (counters, scripts), then let every mark expire.
+    // Warm up (counters, scripts), then let every kept reply expire.
     queue.schedule(Task::new("w").id("warm")).await.unwrap();
     next(&mut deliveries).await.ack().await.unwrap();
     let dbsize = |c: &mut redis::Connection| -> u64 { redis::cmd("DBSIZE").query(c).unwrap() };
@@ -601,15 +601,16 @@ async fn finish_marks_expire_and_memory_returns_to_baseline() {
     for producer in producers {
         producer.await.unwrap();
     }
-    let marks = dbsize(&mut connection) - keys;
+    // One kept reply per schedule or finish invocation (a batch of calls), not one per task.
+    let replies = dbsize(&mut connection) - keys;
     assert!(
-        marks >= tasks as u64 / 4,
-        "only {marks} marks: are acks recorded?"
+        replies > 0,
+        "no kept replies: are retried calls recognised?"
     );
     settle(&mut connection, keys);
     let after = info(&mut connection, "memory", "used_memory");
     eprintln!(
-        "{tasks} acks: {marks} marks at the peak, gone after the lease; used_memory {memory} → {after}"
+        "{tasks} acks: {replies} kept replies at the peak, gone after the lease; used_memory {memory} → {after}"
     );
     assert!(
         after < memory + 256 * 1024,

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
+use super::calls::call_id;
 use super::shared::{Shared, redis_args};
 use crate::Error;
 
@@ -47,16 +48,15 @@ impl Kind {
     }
 }
 
-/// One call's entry: its mark key, its arguments, and where its answer goes.
+/// One call's entry: its arguments, and where its answer goes.
 pub(super) struct Entry {
-    pub(super) mark: String,
     pub(super) args: Vec<Vec<u8>>,
     pub(super) reply: oneshot::Sender<Result<String, Error>>,
 }
 
 impl Entry {
     fn bytes(&self) -> usize {
-        self.args.iter().map(Vec::len).sum::<usize>() + self.mark.len()
+        self.args.iter().map(Vec::len).sum::<usize>()
     }
 }
 
@@ -107,31 +107,33 @@ impl Shared {
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
             let mut bytes = 0;
-            let (mut marks, mut args, mut replies) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut args, mut replies) = (Vec::new(), Vec::new());
             while let Some(entry) = entries.next_if(|entry| {
                 replies.is_empty()
                     || (replies.len() < BATCH && bytes + entry.bytes() <= BATCH_BYTES)
             }) {
                 bytes += entry.bytes();
-                marks.push(entry.mark);
                 args.extend(entry.args);
                 replies.push(entry.reply);
             }
-            let result = self.run_batch(kind, part, &marks, args).await;
+            let result = self.run_batch(kind, part, args).await;
             answer(kind, replies, result);
         }
     }
 
-    /// One invocation for these entries; the reply has one answer per entry, in order.
+    /// One invocation for these entries; the reply has one answer per entry, in order. The
+    /// invocation is named once, so its retries (same arguments) are answered from the reply
+    /// its first run kept, never applied twice.
     async fn run_batch(
         &self,
         kind: Kind,
         part: usize,
-        marks: &[String],
         entries: Vec<Vec<u8>>,
     ) -> Result<Vec<String>, Error> {
         let keys = &self.parts[part];
-        let (script, mut key_list, mut args) = match kind {
+        let replied = keys.replied(&call_id());
+        let window = self.reply_window_ms();
+        let (script, key_list, mut args) = match kind {
             Kind::Schedule => (
                 &self.scripts.schedule,
                 vec![
@@ -142,8 +144,9 @@ impl Shared {
                     &keys.seq,
                     &keys.idle,
                     &keys.inflight,
+                    &replied,
                 ],
-                redis_args!["tw-schedule", &keys.channel],
+                redis_args!["tw-schedule", &keys.channel, window],
             ),
             Kind::Finish => (
                 &self.scripts.finish,
@@ -155,16 +158,16 @@ impl Shared {
                     &keys.dead,
                     &keys.idle,
                     &keys.stats,
+                    &replied,
                 ],
                 redis_args![
                     "tw-finish",
                     &keys.channel,
                     self.settings.policy.attempts(),
-                    self.mark_window_ms()
+                    window
                 ],
             ),
         };
-        key_list.extend(marks.iter().map(String::as_str));
         args.extend(entries);
         self.invoke_write(keys, script, &key_list, args).await
     }
@@ -214,16 +217,14 @@ async fn flusher(
         let Some(queue) = shared.upgrade() else {
             return;
         };
-        let mut marks = Vec::with_capacity(batch.len());
         let mut args = Vec::new();
         let mut replies = Vec::with_capacity(batch.len());
         for entry in batch {
-            marks.push(entry.mark);
             args.extend(entry.args);
             replies.push(entry.reply);
         }
         running.push(async move {
-            let result = queue.run_batch(kind, part, &marks, args).await;
+            let result = queue.run_batch(kind, part, args).await;
             (replies, result)
         });
     }

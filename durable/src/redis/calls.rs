@@ -15,12 +15,12 @@ use super::shared::{PAGE, Shared, redis_args};
 use crate::recurring::Spec;
 use crate::{Due, Error, Outcome, Recurring, Task, TaskId};
 
-/// Shortest window in which a retried finish is recognised.
-const MIN_MARK_WINDOW: Duration = Duration::from_secs(1);
+/// Shortest window in which a retried schedule or finish invocation is recognised.
+const MIN_REPLY_WINDOW: Duration = Duration::from_secs(1);
 
 /// A name for one call, unique across processes: its retries carry it, so a store step
 /// that already ran for it is recognised.
-fn call_id() -> String {
+pub(super) fn call_id() -> String {
     static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let process = PROCESS.get_or_init(|| TaskId::generate().0);
@@ -60,7 +60,6 @@ impl Shared {
         let part = partition_of(id.as_str(), self.parts.len());
         let (reply, answer) = oneshot::channel();
         let entry = Entry {
-            mark: self.parts[part].mark(id.as_str()),
             args: redis_args![id.as_str(), task.payload.as_slice(), mode, ms, call_id()],
             reply,
         };
@@ -142,12 +141,9 @@ impl Shared {
             Outcome::Fail(reason) => ("dead", 0, reason),
         };
         let part = partition_of(id, self.parts.len());
-        // Its retries (same arguments) are recognised, another finish of the same delivery
-        // is not.
         let (reply, answer) = oneshot::channel();
         let entry = Entry {
-            mark: self.parts[part].mark(id),
-            args: redis_args![id, token, outcome, delay, reason, call_id()],
+            args: redis_args![id, token, outcome, delay, reason],
             reply,
         };
         self.submit(Kind::Finish, part, entry);
@@ -157,9 +153,10 @@ impl Shared {
         }
     }
 
-    /// How long a finish's mark lives (ms): a lease, at least [`MIN_MARK_WINDOW`].
-    pub(super) fn mark_window_ms(&self) -> u64 {
-        crate::delay_ms(self.settings.lease.max(MIN_MARK_WINDOW))
+    /// How long the reply of a schedule or finish invocation is kept to answer a retry of
+    /// it (ms): a lease, at least [`MIN_REPLY_WINDOW`].
+    pub(super) fn reply_window_ms(&self) -> u64 {
+        crate::delay_ms(self.settings.lease.max(MIN_REPLY_WINDOW))
     }
 
     /// Groups deliveries by partition, in pages of at most [`PAGE`].

@@ -8,8 +8,8 @@
 //!
 //! - `noeviction` is accepted.
 //! - `volatile-*` is accepted with a warning: it evicts only keys with a TTL, and the only
-//!   such keys of a queue are its idempotency marks (`done:<id>`) and claim records, kept
-//!   for about one lease. Under memory pressure a call retried after a lost reply may then
+//!   such keys of a queue are its kept replies (`call:<invocation>`) and claim records,
+//!   kept for about one lease. Under memory pressure a call retried after a lost reply may then
 //!   not be recognised (a retried `ack` answers `LeaseLost`, a retried `schedule` may make
 //!   its task again) and a claim whose reply was lost is delivered again after its lease
 //!   instead of at once; no task is lost.

@@ -46,10 +46,10 @@ impl Keys {
         }
     }
 
-    /// Where the last finish of task `id` is remembered for a while (which delivery, which
-    /// call, and which schedule call made the task).
-    pub(super) fn mark(&self, id: &str) -> String {
-        format!("{}done:{id}", self.prefix)
+    /// Where the reply of one schedule or finish invocation is kept for a while, so a retry
+    /// of that invocation (after a lost reply) is answered again without acting twice.
+    pub(super) fn replied(&self, invocation: &str) -> String {
+        format!("{}call:{invocation}", self.prefix)
     }
 
     /// The keys the stats script reads.

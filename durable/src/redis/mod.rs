@@ -20,12 +20,12 @@
 //! | `tw:{orders}:seq`, `tw:{orders}:token` | counters | schedule order, delivery tokens |
 //! | `tw:{orders}:stats` | hash | the counters of [`QueueStats`](crate::QueueStats) |
 //! | `tw:{orders}:lateness` | list | lateness (ms) of recent deliveries (trimmed to 1000 once past 1100; stats reads the last 1000) |
-//! | `tw:{orders}:done:<id>` | string, expires after one lease | `token|call|schedule-call` of the task's last finish, so that finish call, and the schedule call that made the task, retried after a lost reply, are recognised |
+//! | `tw:{orders}:call:<invocation>` | string, expires after one lease | the reply of one schedule or finish invocation (a batch of calls), so that invocation, retried after a lost reply, is answered again without acting twice |
 //! | `tw:{orders}:claim:<claimer>` | string, expires after one lease | the call number and `id, token, …` of the worker's last claim call that handed something out, so a claim whose reply was lost is answered again |
 //!
 //! # One clock
 //!
-//! Every script reads the server's `TIME`: due times, lease ends and mark windows are judged
+//! Every script reads the server's `TIME`: due times, lease ends and reply windows are judged
 //! by it alone. `Task::after` sends the delay, not an instant. A worker keeps an estimate of
 //! the server clock's offset from its own (from the `TIME` its claims return) only to arm its
 //! wheel; when it wakes it asks the server, which decides what is due.
@@ -125,7 +125,7 @@ pub(crate) async fn start(
         eviction::Verdict::Volatile(note) => tracing::warn!(
             %note,
             "volatile-* evicts only keys with a TTL: never a task, but under memory pressure \
-             the marks that recognise a call retried after a lost reply"
+             the kept replies that recognise a call retried after a lost reply"
         ),
         eviction::Verdict::Refused(why) if target.allow_evicting_server => {
             tracing::warn!(%why, "connecting anyway: allow_evicting_server(true)");

@@ -9,42 +9,44 @@
 -- KEYS[5] dead       sorted set: dead ids, score = time of death
 -- KEYS[6] idle       sorted set: idle workers (to wake one)
 -- KEYS[7] stats      hash: the queue's counters
--- KEYS[8..] mark     per delivery, in order: string `tw:{q}:done:<id>`, written here:
---                    `token|call|schedule-call`
+-- KEYS[8] replied    string `tw:{q}:call:<invocation>`: this invocation's reply (msgpack),
+--                    written here and kept for `window` ms, so a retry of it is answered again
 --
 -- ARGV[1] label      'tw-finish' (not read)
 -- ARGV[2] channel    the partition's wake channel
 -- ARGV[3] attempts   most deliveries of a task: a retry of the last one goes to the dead letters
--- ARGV[4] window     ms the mark lives (a lease, at least 1 s)
--- ARGV[5..] finishes six per delivery, in order: id, token (the delivery being finished),
+-- ARGV[4] window     ms the reply is kept (a lease, at least 1 s)
+-- ARGV[5..] finishes five per delivery, in order: id, token (the delivery being finished),
 --                    outcome ('ack', 'retry' or 'dead'), delay (ms before a retry is due),
---                    reason (why it died), call (this finish's id, the same on every retry)
+--                    reason (why it died)
 --
--- Reply: per delivery, in order: '1' if its finish took effect (now, or before, when its
--- reply was lost: the mark names the delivery and the call), '0' if the lease was lost —
--- including a second, different finish of the same delivery.
+-- Reply: per delivery, in order: '1' if its finish took effect, '0' if the lease was lost —
+-- including a second, different finish of the same delivery. A retried invocation gets the
+-- reply its first run made.
 --
 -- Invariants: only the holder of the current delivery (its token) changes the task, and only
--- once; each delivery is judged on its own, in order, as a batch of one would be. The mark
--- also names the schedule call that made the task, so that call, retried after the task was
--- acked, does not make it again. The caller sends at most a bounded batch (see batch.rs).
+-- once; each delivery is judged on its own, in order, as a batch of one would be. An
+-- invocation retried after a lost reply is answered from its kept reply without acting
+-- again (one record per invocation, not a mark per delivery). The caller sends at most a
+-- bounded batch (see batch.rs).
 
+local replied = redis.call('GET', KEYS[8])
+if replied then return cmsgpack.unpack(replied) end
 local out = {}
-local n = (#ARGV - 4) / 6
+local n = (#ARGV - 4) / 5
 local now = nil
 -- Acks are written together after the loop (one ZREM, two HDEL, one HINCRBY for the batch);
 -- an id acked earlier in this batch counts as gone for the entries after it.
 local acked, gone = {}, {}
 -- Every record in one call; an id met again in this batch is read again.
 local ids = {}
-for i = 0, n - 1 do ids[i + 1] = ARGV[5 + i * 6] end
+for i = 0, n - 1 do ids[i + 1] = ARGV[5 + i * 5] end
 local metas = redis.call('HMGET', KEYS[2], unpack(ids))
 local met = {}
 for i = 0, n - 1 do
-  local a = 5 + i * 6
+  local a = 5 + i * 5
   local id, tok, outcome = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local delay, why, this = ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
-  local mark_key = KEYS[8 + i]
+  local delay, why = ARGV[a + 3], ARGV[a + 4]
   local done = '0'
   local m = metas[i + 1]
   if gone[id] then
@@ -78,14 +80,7 @@ for i = 0, n - 1 do
       redis.call('ZADD', KEYS[5], now, id)
       redis.call('HINCRBY', KEYS[7], 'dead_lettered', 1)
     end
-    redis.call('SET', mark_key, tok .. '|' .. this .. '|' .. (call or ''), 'PX', ARGV[4])
     done = '1'
-  else
-    local mark = redis.call('GET', mark_key)
-    if mark then
-      local mt, mc = string.match(mark, '^(%d+)|([^|]*)|')
-      if mt == tok and mc == this then done = '1' end
-    end
   end
   table.insert(out, done)
 end
@@ -95,4 +90,5 @@ if #acked > 0 then
   redis.call('HDEL', KEYS[2], unpack(acked))
   redis.call('HINCRBY', KEYS[7], 'acked', #acked)
 end
+redis.call('SET', KEYS[8], cmsgpack.pack(out), 'PX', ARGV[4])
 return out

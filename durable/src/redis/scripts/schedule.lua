@@ -8,15 +8,15 @@
 -- KEYS[5] seq        counter: schedule order
 -- KEYS[6] idle       sorted set: workers with room that found nothing due (to wake one)
 -- KEYS[7] inflight   sorted set: in-flight ids, score = lease end
--- KEYS[8..] mark     per task, in order: string `tw:{q}:done:<id>`, `token|call|schedule-call`
---                    of the task's last finish (expires after a lease, at least 1 s)
+-- KEYS[8] replied    string `tw:{q}:call:<invocation>`: this invocation's reply (msgpack),
+--                    written here and kept for `window` ms, so a retry of it is answered again
 --
 -- ARGV[1] label      'tw-schedule' (not read)
 -- ARGV[2] channel    the partition's wake channel
--- ARGV[3..] tasks    five per task, in order: id, payload, mode ('at': ms is a time, ms since
+-- ARGV[3] window     ms the reply is kept (a lease, at least 1 s)
+-- ARGV[4..] tasks    five per task, in order: id, payload, mode ('at': ms is a time, ms since
 --                    the epoch; 'after': a delay, added to the server's clock, so the caller's
---                    clock never decides), ms, call (that task's call id, the same on every
---                    retry of it)
+--                    clock never decides), ms, call (that task's call id, kept in its record)
 --
 -- Reply: per task, in order: 'OK' (scheduled, or already scheduled by this call), or
 -- 'INFLIGHT' (a delivery of that id is in flight: that task changed nothing).
@@ -24,14 +24,16 @@
 -- Invariants: tasks are taken in order, each exactly as a batch of one would take it (a later
 -- task of the same id replaces an earlier one; ties in due time go in this order). One
 -- record per id — a pending, dead or recurring task of the same id is removed from its index
--- before it is replaced, an in-flight one is never replaced. A call retried after a lost
--- reply is recognised (by the task's record, or by the mark its ack left) and answers 'OK'
--- without acting again: a retry never makes an acked task again. The caller sends at most a
--- bounded batch (see batch.rs).
+-- before it is replaced, an in-flight one is never replaced. An invocation retried after a
+-- lost reply is answered from its kept reply without acting again (one record per
+-- invocation, not a mark per task): a retry never makes a task again, even one acked since.
+-- The caller sends at most a bounded batch (see batch.rs).
 
+local replied = redis.call('GET', KEYS[8])
+if replied then return cmsgpack.unpack(replied) end
 local now = now_ms()
 local out = {}
-local n = (#ARGV - 2) / 5
+local n = (#ARGV - 3) / 5
 -- New tasks are written together (one HSET per hash, one ZADD) when the loop ends or before
 -- an id already written in this batch is looked at again; the due set's head is tracked
 -- here, as the writes would move it, and read again after a removal.
@@ -51,29 +53,13 @@ end
 local head = head_due()
 -- Every task's record in one call; an id met again in this batch is read again.
 local ids = {}
-for i = 0, n - 1 do ids[i + 1] = ARGV[3 + i * 5] end
+for i = 0, n - 1 do ids[i + 1] = ARGV[4 + i * 5] end
 local metas = redis.call('HMGET', KEYS[2], unpack(ids))
 local met = {}
--- The marks of the tasks with no record, in one call too (only finish scripts write marks,
--- so what this reads stays true for the whole batch).
-local marks, unmarked = {}, {}
-for i = 1, n do
-  if not metas[i] then table.insert(unmarked, KEYS[7 + i]) end
-end
-if #unmarked > 0 then
-  local values = redis.call('MGET', unpack(unmarked))
-  local k = 0
-  for i = 1, n do
-    if not metas[i] then
-      k = k + 1
-      marks[i] = values[k]
-    end
-  end
-end
 -- Sequence numbers for the whole batch at once (unused ones leave gaps: only order counts).
 local seq_next = redis.call('INCRBY', KEYS[5], n) - n
 for i = 0, n - 1 do
-  local a = 3 + i * 5
+  local a = 4 + i * 5
   local id, payload, mode, ms, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local due = tonumber(ms)
   if mode == 'after' then due = now + due end
@@ -85,7 +71,7 @@ for i = 0, n - 1 do
   if m then
     local st, d, seq, att, tok, reason, c = parse(m)
     if c == call then
-      answer = 'OK' -- this call, retried after a lost reply
+      answer = 'OK' -- this call, retried after its kept reply expired
     elseif st == 'i' then
       answer = 'INFLIGHT'
     else
@@ -97,9 +83,6 @@ for i = 0, n - 1 do
       if st == 'd' then redis.call('ZREM', KEYS[4], id) end
       if st == 'R' then redis.call('ZREM', KEYS[7], id) end
     end
-  else
-    local mark = marks[i + 1]
-    if mark and string.match(mark, '|([^|]*)$') == call then answer = 'OK' end
   end
   if answer == nil then
     seq_next = seq_next + 1
@@ -120,4 +103,5 @@ for i = 0, n - 1 do
   table.insert(out, answer)
 end
 flush()
+redis.call('SET', KEYS[8], cmsgpack.pack(out), 'PX', ARGV[3])
 return out
