@@ -355,8 +355,12 @@ async fn looking_writes_nothing_to_redis() {
         drop(stream);
         queue.close().await;
     }
-    // Let the short-lived marks expire (SCAN reaps expired keys), then wait for quiet.
+    // Let the claim records expire (SCAN reaps expired keys) and drop the kept replies of the
+    // set-up's calls (they would expire mid-check), then wait for quiet.
     tokio::time::sleep(Duration::from_millis(2500)).await;
+    for key in redis_cli(port, &["--scan", "--pattern", "tw:*:call:*"]).lines() {
+        redis_cli(port, &["DEL", key]);
+    }
     let mut before = (dirty(port), keys(port));
     loop {
         tokio::time::sleep(Duration::from_millis(300)).await;

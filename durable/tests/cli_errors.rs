@@ -365,6 +365,8 @@ async fn a_queue_on_redis_cluster() {
 fn server_snapshot(url: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
     let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut connection).unwrap();
+    // Kept replies of the set-up's calls expire on their own: not a write by the CLI.
+    keys.retain(|key| !key.windows(6).any(|w| w == b":call:"));
     keys.sort();
     keys.into_iter()
         .map(|key| {

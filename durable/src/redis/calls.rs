@@ -10,13 +10,17 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use super::batch::{Entry, Kind};
+use super::connection::{RESPONSE_TIMEOUT, RETRY_BUDGET};
 use super::keys::partition_of;
 use super::shared::{PAGE, Shared, redis_args};
 use crate::recurring::Spec;
 use crate::{Due, Error, Outcome, Recurring, Task, TaskId};
 
-/// Shortest window in which a retried schedule or finish invocation is recognised.
-const MIN_REPLY_WINDOW: Duration = Duration::from_secs(1);
+/// Shortest time a schedule or finish invocation's reply is kept: as long as the client may
+/// still send a retry of it (its retry budget, plus one try left unanswered), so a retry never
+/// finds the reply gone and acts again — whatever the lease.
+const MIN_REPLY_WINDOW: Duration =
+    Duration::from_secs(RETRY_BUDGET.as_secs() + RESPONSE_TIMEOUT.as_secs());
 
 /// A name for one call, unique across processes: its retries carry it, so a store step
 /// that already ran for it is recognised.
@@ -154,7 +158,7 @@ impl Shared {
     }
 
     /// How long the reply of a schedule or finish invocation is kept to answer a retry of
-    /// it (ms): a lease, at least [`MIN_REPLY_WINDOW`].
+    /// it (ms): a lease, at least [`MIN_REPLY_WINDOW`] (15 s).
     pub(super) fn reply_window_ms(&self) -> u64 {
         crate::delay_ms(self.settings.lease.max(MIN_REPLY_WINDOW))
     }

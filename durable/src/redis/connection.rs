@@ -14,7 +14,7 @@ use crate::Error;
 
 /// How long a command is retried while the server is unreachable before its error is
 /// surfaced: rides out a restarting server or a connection that keeps dropping.
-const RETRY_BUDGET: Duration = Duration::from_secs(10);
+pub(super) const RETRY_BUDGET: Duration = Duration::from_secs(10);
 /// The backoff between tries doubles from the first to the last.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(500));
 /// How long a command may go unanswered before its connection counts as lost.

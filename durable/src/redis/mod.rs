@@ -20,7 +20,7 @@
 //! | `tw:{orders}:seq`, `tw:{orders}:token` | counters | schedule order, delivery tokens |
 //! | `tw:{orders}:stats` | hash | the counters of [`QueueStats`](crate::QueueStats) |
 //! | `tw:{orders}:lateness` | list | lateness (ms) of recent deliveries (trimmed to 1000 once past 1100; stats reads the last 1000) |
-//! | `tw:{orders}:call:<invocation>` | string, expires after one lease | the reply of one schedule or finish invocation (a batch of calls), so that invocation, retried after a lost reply, is answered again without acting twice |
+//! | `tw:{orders}:call:<invocation>` | string, expires after one lease (at least 15 s: the client's retry span) | the reply of one schedule or finish invocation (a batch of calls), so that invocation, retried after a lost reply, is answered again without acting twice |
 //! | `tw:{orders}:claim:<claimer>` | string, expires after one lease | the call number and `id, token, …` of the worker's last claim call that handed something out, so a claim whose reply was lost is answered again |
 //!
 //! # One clock

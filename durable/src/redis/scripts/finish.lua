@@ -15,7 +15,7 @@
 -- ARGV[1] label      'tw-finish' (not read)
 -- ARGV[2] channel    the partition's wake channel
 -- ARGV[3] attempts   most deliveries of a task: a retry of the last one goes to the dead letters
--- ARGV[4] window     ms the reply is kept (a lease, at least 1 s)
+-- ARGV[4] window     ms the reply is kept (a lease, at least the client's retry span)
 -- ARGV[5..] finishes five per delivery, in order: id, token (the delivery being finished),
 --                    outcome ('ack', 'retry' or 'dead'), delay (ms before a retry is due),
 --                    reason (why it died)

@@ -13,7 +13,7 @@
 --
 -- ARGV[1] label      'tw-schedule' (not read)
 -- ARGV[2] channel    the partition's wake channel
--- ARGV[3] window     ms the reply is kept (a lease, at least 1 s)
+-- ARGV[3] window     ms the reply is kept (a lease, at least the client's retry span)
 -- ARGV[4..] tasks    five per task, in order: id, payload, mode ('at': ms is a time, ms since
 --                    the epoch; 'after': a delay, added to the server's clock, so the caller's
 --                    clock never decides), ms, call (that task's call id, kept in its record)
