@@ -83,8 +83,13 @@ for _ in range(100):
     except OSError:
         time.sleep(0.05)
 
+queue_scripts = os.path.join(here, '..', '..', 'src', 'redis', 'scripts')
+
+
 def load(name):
-    prelude = open(os.path.join(sdir, 'prelude.lua')).read()
+    # A script set without a prelude of its own (floor/) uses the queue's.
+    prelude_dir = sdir if os.path.exists(os.path.join(sdir, 'prelude.lua')) else queue_scripts
+    prelude = open(os.path.join(prelude_dir, 'prelude.lua')).read()
     return r.call('SCRIPT', 'LOAD', prelude + open(os.path.join(sdir, name)).read()).decode()
 q = 'tw:{cost}:'
 K = {k: q + k for k in ['payload', 'meta', 'due', 'inflight', 'dead', 'seq', 'token', 'idle',
