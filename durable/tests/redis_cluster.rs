@@ -85,6 +85,10 @@ async fn a_queue_works_through_any_node() {
 struct Log {
     delivered: Vec<(String, u32)>,
     acked: HashSet<String>,
+    /// Acks that answered `Unreachable`: with `replicas(1)` that is a write on the master that
+    /// no replica confirmed within 4 s (`Builder::replicas`), so the task may be gone (and
+    /// never delivered again) or come back after its lease and be acked then.
+    unconfirmed: HashSet<String>,
     came_back_after_ack: Vec<String>,
 }
 
@@ -121,8 +125,14 @@ async fn failover_and_a_killed_master_lose_no_scheduled_or_acked_task() {
                             }
                             log.delivered.push((id.clone(), d.attempt()));
                         }
-                        if d.ack().await.is_ok() {
-                            log.lock().unwrap().acked.insert(id);
+                        match d.ack().await {
+                            Ok(()) => {
+                                log.lock().unwrap().acked.insert(id);
+                            }
+                            Err(Error::Unreachable(_)) => {
+                                log.lock().unwrap().unconfirmed.insert(id);
+                            }
+                            Err(_) => {}
                         }
                     }
                 })
@@ -172,26 +182,36 @@ async fn failover_and_a_killed_master_lose_no_scheduled_or_acked_task() {
         .await
         .expect("the producer finishes")
         .unwrap();
+    // Done once every scheduled task was acked (or its ack reached the master unconfirmed)
+    // and the queue is empty: an unconfirmed ack that did not take effect comes back.
+    let scheduled = scheduled.lock().unwrap().clone();
+    assert_eq!(scheduled.len(), total);
     let start = Instant::now();
     loop {
-        let acked = log.lock().unwrap().acked.len();
-        if acked >= total {
+        let missing = {
+            let log = log.lock().unwrap();
+            scheduled
+                .iter()
+                .filter(|id| !log.acked.contains(*id) && !log.unconfirmed.contains(*id))
+                .count()
+        };
+        if missing == 0 && producer.len().await.unwrap() == 0 {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),
-            "only {acked} of {total} acked"
+            "{missing} of {total} never acked"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for worker in workers {
         worker.abort();
     }
-    assert_eq!(producer.len().await.unwrap(), 0);
     let log = log.lock().unwrap();
-    let scheduled = scheduled.lock().unwrap();
-    assert_eq!(scheduled.len(), total);
-    let missing: Vec<_> = scheduled.difference(&log.acked).collect();
+    let missing: Vec<_> = scheduled
+        .iter()
+        .filter(|id| !log.acked.contains(*id) && !log.unconfirmed.contains(*id))
+        .collect();
     assert!(missing.is_empty(), "scheduled but never acked: {missing:?}");
     assert!(
         log.came_back_after_ack.is_empty(),
@@ -200,8 +220,9 @@ async fn failover_and_a_killed_master_lose_no_scheduled_or_acked_task() {
     );
     let redelivered = log.delivered.len() - log.acked.len();
     eprintln!(
-        "{total} tasks through a failover and a killed master: {} deliveries ({redelivered} again after a lost claim or ack)",
-        log.delivered.len()
+        "{total} tasks through a failover and a killed master: {} deliveries ({redelivered} again after a lost claim or ack), {} acks unconfirmed by the replica",
+        log.delivered.len(),
+        log.unconfirmed.len()
     );
 }
 

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 
-use super::calls::call_id;
+use super::keys::call_id;
 use super::shared::{Shared, redis_args};
 use crate::Error;
 

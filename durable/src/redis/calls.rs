@@ -4,14 +4,13 @@
 //! id, so a retry after a lost reply is recognised instead of acting twice.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::batch::{Entry, Kind};
 use super::connection::{RESPONSE_TIMEOUT, RETRY_BUDGET};
-use super::keys::partition_of;
+use super::keys::{call_id, partition_of};
 use super::shared::{PAGE, Shared, redis_args};
 use crate::recurring::Spec;
 use crate::{Due, Error, Outcome, Recurring, Task, TaskId};
@@ -21,15 +20,6 @@ use crate::{Due, Error, Outcome, Recurring, Task, TaskId};
 /// finds the reply gone and acts again — whatever the lease.
 const MIN_REPLY_WINDOW: Duration =
     Duration::from_secs(RETRY_BUDGET.as_secs() + RESPONSE_TIMEOUT.as_secs());
-
-/// A name for one call, unique across processes: its retries carry it, so a store step
-/// that already ran for it is recognised.
-pub(super) fn call_id() -> String {
-    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let process = PROCESS.get_or_init(|| TaskId::generate().0);
-    format!("{process}.{:x}", CALLS.fetch_add(1, Ordering::Relaxed))
-}
 
 /// A schedule entry's answer as the caller sees it.
 fn scheduled(

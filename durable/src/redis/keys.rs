@@ -4,6 +4,19 @@
 //! Cluster slot and every script runs atomically on one node. With several partitions the tags
 //! are chosen so the partitions spread evenly over the slot space (and so over the masters).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::TaskId;
+
+/// A name for one call (or one invocation of a script carrying several), unique across
+/// processes: its retries carry it, so a store step that already ran for it is recognised.
+pub(super) fn call_id() -> String {
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| TaskId::generate().0);
+    format!("{process}.{:x}", CALLS.fetch_add(1, Ordering::Relaxed))
+}
+
 /// The keys of one partition of a queue.
 pub(super) struct Keys {
     prefix: String,
