@@ -1,7 +1,8 @@
 //! The writes of a queue's handles and deliveries, each one script on the partition of its
 //! task: schedule, change (cancel, reschedule, redrive, uncron), recurring schedules and
 //! their advance, and a delivery's finish, lease extension and release. Each carries a call
-//! id, so a retry after a lost reply is recognised instead of acting twice.
+//! id (batched schedules and finishes: their invocation's, whose reply is kept), so a retry
+//! after a lost reply is recognised instead of acting twice.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -71,7 +71,7 @@ for i = 0, n - 1 do
   if m then
     local st, d, seq, att, tok, reason, c = parse(m)
     if c == call then
-      answer = 'OK' -- this call, retried after its kept reply expired
+      answer = 'OK' -- this call again, its kept reply gone (evicted under volatile-*)
     elseif st == 'i' then
       answer = 'INFLIGHT'
     else
