@@ -11,11 +11,14 @@
 //! a slot and queues its command under the one lock, and the actor gives released slots back to
 //! the shard that released them.
 //!
-//! Order: commands sent to one shard apply in the order they were sent. A handle that needs
-//! its commands ordered sends them all to one shard (a timer remembers its shard; a keyed set
-//! has a single shard). [`Inbox::take_all`] takes the shards one after another, so a command
-//! sent to another shard just before may wait for the next turn: barriers
-//! ([`Wheel::flush`](crate::Wheel::flush)) take everything once more before answering.
+//! Order: commands sent to one shard apply in the order they were sent. A timer's handle sends
+//! all its commands to the shard it registered in. A keyed set's handles send to their
+//! thread's shard, each command counted under the shard's lock ([`Inbox::send_made`]), and
+//! its actor takes the shards apart ([`Inbox::take_each`]) and merges them back in the order
+//! the commands were made (`actor::keyed::order`). [`Inbox::take_all`] takes the shards one
+//! after another, so a command sent to another shard just before may wait for the next turn:
+//! barriers ([`Wheel::flush`](crate::Wheel::flush)) take everything once more before
+//! answering.
 //!
 //! The queue is unbounded by design: a timer call never blocks or fails because the actor is
 //! busy. The actor applies what it takes in slices, bounded in time, firing and yielding to
@@ -258,6 +261,50 @@ impl<C> Inbox<C> {
         Ok(position)
     }
 
+    /// Queues the command `make` builds, calling it under the shard's lock (so what it counts
+    /// is counted in the shard's queue order) and only if the actor has not stopped. Returns
+    /// whether it queued.
+    pub(crate) fn send_made(
+        &self,
+        shard: usize,
+        urgency: Urgency,
+        make: impl FnOnce() -> C,
+    ) -> bool {
+        let mut state = self.lock(shard);
+        if state.stopped {
+            return false;
+        }
+        let (_, notify) = self.push(&mut state, make(), urgency);
+        drop(state);
+        if notify {
+            self.wake.notify_one();
+        }
+        true
+    }
+
+    /// [`send_made`](Self::send_made), calling `make` with every shard locked: what it counts
+    /// is counted between two other sends, never in the middle of one (a command on every
+    /// key counts in every stripe, one stripe at a time). Rare, so the locks cost little.
+    pub(crate) fn send_made_alone(
+        &self,
+        shard: usize,
+        urgency: Urgency,
+        make: impl FnOnce() -> C,
+    ) -> bool {
+        // In shard order, as everyone who takes more than one lock (`release_segments`).
+        let mut states: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
+        let state = &mut states[shard];
+        if state.stopped {
+            return false;
+        }
+        let (_, notify) = self.push(state, make(), urgency);
+        drop(states);
+        if notify {
+            self.wake.notify_one();
+        }
+        true
+    }
+
     /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or
     /// `send_with_slot` returned) with a [`Placeholder`], if `is_it` recognises it, and gives
     /// `slot` straight back to the shard's free list: the actor never sees the timer at all.
@@ -390,6 +437,32 @@ impl<C> Inbox<C> {
         into.len() - before
     }
 
+    /// Moves each shard's queued commands to the back of `into[shard]`, for an actor that puts
+    /// the shards' commands back in the order they were made itself (a keyed set's). Returns
+    /// how many it took.
+    pub(crate) fn take_each(&self, into: &mut [VecDeque<C>]) -> usize {
+        debug_assert_eq!(into.len(), self.shards.len());
+        // Cleared first: a send that lands in a shard already taken sets it again.
+        self.pending.store(false, Ordering::SeqCst);
+        let mut took = 0;
+        for (shard, into) in into.iter_mut().enumerate() {
+            let mut state = self.lock(shard);
+            state.notified = false;
+            took += state.commands.len();
+            if into.is_empty() {
+                std::mem::swap(&mut state.commands, into);
+            } else {
+                into.append(&mut state.commands);
+            }
+        }
+        took
+    }
+
+    /// How many shards the inbox has.
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
     /// Whether a shard holds a flood-sized command buffer.
     pub(crate) fn holds_memory(&self) -> bool {
         (0..self.shards.len()).any(|shard| self.lock(shard).commands.capacity() > RETAINED_COMMANDS)
@@ -476,6 +549,19 @@ impl<C> Inbox<C> {
             into.append(&mut state.commands);
             state.commands = VecDeque::new();
         }
+    }
+
+    /// [`stop`](Self::stop), each shard's commands into `into[shard]`; returns how many.
+    pub(crate) fn stop_each(&self, into: &mut [VecDeque<C>]) -> usize {
+        let mut took = 0;
+        for (shard, into) in into.iter_mut().enumerate() {
+            let mut state = self.lock(shard);
+            state.stopped = true;
+            took += state.commands.len();
+            into.append(&mut state.commands);
+            state.commands = VecDeque::new();
+        }
+        took
     }
 }
 

@@ -126,6 +126,39 @@ pub(crate) trait Machine: Send + 'static {
     /// Applies one command.
     fn apply(&mut self, command: Self::Command, ctx: &mut Ctx<'_>);
 
+    /// Whether commands taken wait for others made before them that are still on their way:
+    /// the actor must look at its inbox again at once rather than wait.
+    fn waiting(&self) -> bool {
+        false
+    }
+
+    /// Takes every queued command into `into`, in an order it may apply them in; returns how
+    /// many it took from the inbox (some may wait for others before they go into `into`: see
+    /// [`waiting`](Machine::waiting)).
+    fn take(&mut self, inbox: &Inbox<Self::Command>, into: &mut VecDeque<Self::Command>) -> usize {
+        inbox.take_all(into, self.freed())
+    }
+
+    /// Moves more taken commands into `into` (an empty batch), for a machine whose [`take`]
+    /// hands them on in steps; `false` if none is ready.
+    ///
+    /// [`take`]: Machine::take
+    fn refill(&mut self, _into: &mut VecDeque<Self::Command>) -> bool {
+        false
+    }
+
+    /// Refuses further commands and takes every queued one (and every one that waited) into
+    /// `into`; returns how many it took from the inbox.
+    fn take_stopped(
+        &mut self,
+        inbox: &Inbox<Self::Command>,
+        into: &mut VecDeque<Self::Command>,
+    ) -> usize {
+        let before = into.len();
+        inbox.stop(into);
+        into.len() - before
+    }
+
     /// Called with a command a few places ahead of the one being applied: a machine whose
     /// commands look up big tables can start bringing the right memory in, so that the misses
     /// of successive commands overlap.
@@ -269,7 +302,7 @@ impl<M: Machine> Actor<M> {
             {
                 // Senders close (or stop counting) after their last send: one more look makes
                 // sure it is applied.
-                if self.take() == 0 {
+                if self.take() == 0 && !self.machine.waiting() {
                     tracing::debug!("no handle left and nothing pending: actor exits");
                     break Exit::Quiet;
                 }
@@ -302,6 +335,13 @@ impl<M: Machine> Actor<M> {
             if self.inbox.has_pending() {
                 continue;
             }
+            if self.machine.waiting() {
+                // A command waits for one made before it whose sender is still queueing it
+                // (a matter of instructions): look again after letting others run.
+                tokio::task::yield_now().await;
+                last_yield = std::time::Instant::now();
+                continue;
+            }
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => break Exit::Shutdown,
@@ -328,9 +368,7 @@ impl<M: Machine> Actor<M> {
             tracing::debug!("the wheel stops");
         }
         self.shared.request_shutdown();
-        let queued = self.batch.len();
-        self.inbox.stop(&mut self.batch);
-        self.delta.commands += (self.batch.len() - queued) as u64;
+        self.delta.commands += self.machine.take_stopped(&self.inbox, &mut self.batch) as u64;
         self.apply_batch().await;
         loop {
             let mut ctx = Ctx {
@@ -346,7 +384,7 @@ impl<M: Machine> Actor<M> {
 
     /// Takes every queued command into the batch; returns how many.
     fn take(&mut self) -> usize {
-        let took = self.inbox.take_all(&mut self.batch, self.machine.freed());
+        let took = self.machine.take(&self.inbox, &mut self.batch);
         self.delta.commands += took as u64;
         took
     }
@@ -380,9 +418,10 @@ impl<M: Machine> Actor<M> {
     async fn apply_batch(&mut self) {
         let mut budget = TURN_BUDGET;
         let mut stretch = std::time::Instant::now();
-        while !self.batch.is_empty() {
+        while !self.batch.is_empty() || self.machine.refill(&mut self.batch) {
             self.apply_slice();
-            if !self.batch.is_empty() && stretch.elapsed() >= budget {
+            let more = !self.batch.is_empty() || self.machine.waiting();
+            if more && stretch.elapsed() >= budget {
                 self.fire_due(None).await;
                 tokio::task::yield_now().await;
                 budget = (budget * 2).min(MAX_TURN_BUDGET);
@@ -540,10 +579,8 @@ impl<M: Machine> Actor<M> {
             }
             self.shared.request_shutdown();
         }
-        let queued = self.batch.len();
-        self.inbox.stop(&mut self.batch);
-        self.delta.commands += (self.batch.len() - queued) as u64;
-        while !self.batch.is_empty() {
+        self.delta.commands += self.machine.take_stopped(&self.inbox, &mut self.batch) as u64;
+        while !self.batch.is_empty() || self.machine.refill(&mut self.batch) {
             self.apply_slice();
         }
         if self.machine.len() > 0 {

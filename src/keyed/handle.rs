@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::actor::inbox::Urgency;
 use crate::actor::keyed::{KeyedCommand, Target};
-use crate::timer::keyed::{DeadlineWord, Ledger, Moved, Stripe};
+use crate::timer::keyed::{DeadlineWord, Ledger, Moved, Seq};
 
 use super::set::{Set, by};
 
@@ -140,12 +140,15 @@ where
                 // down.
                 if !self.set.wheel.shared.is_closed() {
                     let command = KeyedCommand::Advance(self.target());
-                    self.set.send(command, Stripe::Uncounted, by(offset));
+                    self.set.send_free(command, by(offset));
                 }
             }
         } else if !self.is_stale() {
-            let command = KeyedCommand::Move(Box::new((self.target(), offset)));
-            self.send(command, by(offset));
+            let target = self.target();
+            self.send(
+                |seq| KeyedCommand::Move(Box::new((target, offset)), seq),
+                by(offset),
+            );
         }
     }
 
@@ -153,7 +156,8 @@ where
     /// Fire-and-forget: use [`take`](Self::take) to know whether it was still there.
     pub fn remove(&self) {
         if !self.is_stale() {
-            self.send(KeyedCommand::Forget(self.target()), Urgency::Lazy);
+            let target = self.target();
+            self.send(|seq| KeyedCommand::Forget(target, seq), Urgency::Lazy);
         }
     }
 
@@ -165,8 +169,11 @@ where
             return None;
         }
         let (reply, answer) = oneshot::channel();
-        let command = KeyedCommand::TakeEntry(Box::new((self.target(), reply)));
-        self.send(command, Urgency::Now);
+        let target = self.target();
+        self.send(
+            |seq| KeyedCommand::TakeEntry(Box::new((target, reply)), seq),
+            Urgency::Now,
+        );
         // A refused command drops `reply`, so this never waits on a stopped wheel.
         answer.await.ok().flatten()
     }
@@ -180,11 +187,13 @@ where
     }
 
     /// Queues one of this handle's commands, counted in its word (not in the ledger).
-    fn send(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
-        if !self.set.wheel.shared.is_closed() {
+    /// Counts a command of this handle in its word and in its key's stripe (it is ordered
+    /// with the by-key commands on the key), and queues it.
+    fn send(&self, command: impl FnOnce(Seq) -> KeyedCommand<K, V>, urgency: Urgency) {
+        self.set.send(Ledger::stripe(self.hash), urgency, |seq| {
             self.word.sending();
-            self.set.send(command, Stripe::Uncounted, urgency);
-        }
+            command(seq)
+        });
     }
 }
 

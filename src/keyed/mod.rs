@@ -95,8 +95,9 @@ where
     V: Send + 'static,
 {
     let shared = wheel.shared.clone();
-    // One shard: commands from every handle apply in the order they were made.
-    let inbox = Arc::new(Inbox::new(1));
+    // A shard per thread (a few per core); the actor puts commands back in the order they
+    // were made (`actor::keyed::order`).
+    let inbox = Arc::new(Inbox::new(Inbox::<()>::shards_for_this_machine()));
     let ledger = Arc::new(Ledger::default());
     let timers = Arc::new(AtomicUsize::new(1));
     // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
@@ -113,6 +114,7 @@ where
             hasher.clone(),
             ledger.clone(),
             timers.clone(),
+            inbox.shard_count(),
         );
         Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
     }

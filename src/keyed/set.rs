@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::keyed::KeyedCommand;
-use crate::timer::keyed::{Ledger, Stripe};
+use crate::timer::keyed::{Ledger, Ordinals, Seq};
 /// What every [`Timers`] clone and [`KeyedTimer`] of a set hold: the set's inbox (closed when
 /// the last of them goes), its ledger and its hasher, and the wheel's context (kept alive, as
 /// a `Wheel` would; shown as the wheel).
@@ -32,30 +32,61 @@ impl<K, V> Drop for Set<K, V> {
 }
 
 impl<K, V> Set<K, V> {
-    /// Counts `command` in the ledger (in `stripe`) and queues it; `false` if the wheel has
-    /// stopped (the command is refused, as documented).
+    /// Queues the command `make` builds, counted in the ledger in `stripe` (the place it is
+    /// given), into this thread's inbox shard: threads never share a lock, and the actor puts
+    /// the shards' commands back in the order they were made (see `actor::keyed::order`).
+    /// `false` if the wheel has stopped (the command is then refused, as documented, and
+    /// counted nowhere).
     pub(super) fn send(
         &self,
-        command: KeyedCommand<K, V>,
-        stripe: Stripe,
+        stripe: usize,
         urgency: Urgency,
+        make: impl FnOnce(Seq) -> KeyedCommand<K, V>,
     ) -> bool {
-        if self.wheel.shared.is_closed() {
-            return false;
-        }
-        self.ledger.sending_in(stripe);
-        // A send fails only once the set's actor has stopped.
-        self.inbox.send(0, command, urgency).is_ok()
+        !self.wheel.shared.is_closed()
+            && self
+                .inbox
+                .send_made(self.inbox.shard_for_thread(), urgency, || {
+                    make(self.ledger.sending(stripe))
+                })
     }
 
+    /// Queues a command in no order (an advance).
+    pub(super) fn send_free(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
+        if !self.wheel.shared.is_closed() {
+            let _ = self
+                .inbox
+                .send(self.inbox.shard_for_thread(), command, urgency);
+        }
+    }
+
+    /// Sends a question on every key (`drain`, `len`) and waits for the answer: it comes once
+    /// every command made before it has been applied.
+    pub(super) async fn ask_everywhere<R>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<R>, Ordinals) -> KeyedCommand<K, V>,
+    ) -> Option<R> {
+        if self.wheel.shared.is_closed() {
+            return None;
+        }
+        let (reply, answer) = oneshot::channel();
+        // Counted with every shard locked: see `Ledger::sending_everywhere`.
+        self.inbox
+            .send_made_alone(self.inbox.shard_for_thread(), Urgency::Now, || {
+                command(reply, self.ledger.sending_everywhere())
+            });
+        // A refused command drops `reply`, so this never waits on a stopped wheel.
+        answer.await.ok()
+    }
+
+    /// Sends a question on a key of `stripe` and waits for the answer.
     pub(super) async fn ask<R>(
         &self,
-        command: impl FnOnce(oneshot::Sender<R>) -> KeyedCommand<K, V>,
-        stripe: Stripe,
+        stripe: usize,
+        command: impl FnOnce(oneshot::Sender<R>, Seq) -> KeyedCommand<K, V>,
     ) -> Option<R> {
         let (reply, answer) = oneshot::channel();
-        self.send(command(reply), stripe, Urgency::Now);
-        // A refused command drops `reply`, so this never waits on a stopped wheel.
+        self.send(stripe, Urgency::Now, |seq| command(reply, seq));
         answer.await.ok()
     }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::actor::inbox::Urgency;
 use crate::actor::keyed::KeyedCommand;
-use crate::timer::keyed::{DeadlineWord, Ledger, Stripe};
+use crate::timer::keyed::{DeadlineWord, Ledger};
 
 use super::handle::KeyedTimer;
 use super::set::{Set, by};
@@ -59,8 +59,12 @@ where
     }
 
     /// The ledger stripe of commands on `key`.
-    fn stripe(&self, key: &K) -> Stripe {
-        Stripe::One(Ledger::stripe(self.hash(key)))
+    fn stripe(&self, key: &K) -> usize {
+        self.stripe_of(self.hash(key))
+    }
+
+    fn stripe_of(&self, hash: u64) -> usize {
+        Ledger::stripe(hash)
     }
 
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
@@ -76,13 +80,14 @@ where
     }
 
     fn set_offset(&self, key: K, value: V, deadline: i64) {
-        let stripe = self.stripe(&key);
-        let command = KeyedCommand::Set {
+        let hash = self.hash(&key);
+        let set = |seq| KeyedCommand::Set {
             key,
             value,
             deadline,
+            seq,
         };
-        self.set.send(command, stripe, by(deadline));
+        self.set.send(self.stripe_of(hash), by(deadline), set);
     }
 
     /// [`set`](Self::set) that also returns a [`KeyedTimer`]: a handle to this entry, for the
@@ -128,13 +133,14 @@ where
     fn insert_offset(&self, key: K, value: V, deadline: i64) -> KeyedTimer<K, V> {
         let hash = self.hash(&key);
         let word = Arc::new(DeadlineWord::new(deadline));
-        let command = KeyedCommand::Insert {
+        let insert = |seq| KeyedCommand::Insert {
             key: key.clone(),
             value,
             word: word.clone(),
+            seq,
         };
-        let stripe = Stripe::One(Ledger::stripe(hash));
-        if !self.set.send(command, stripe, by(deadline)) {
+        let sent = self.set.send(Ledger::stripe(hash), by(deadline), insert);
+        if !sent {
             // Refused: the entry never existed, and its handle is stale from the start.
             word.retire();
         }
@@ -157,28 +163,33 @@ where
     }
 
     fn reset_offset(&self, key: &K, deadline: i64) {
-        let command = KeyedCommand::Reset {
+        let reset = |seq| KeyedCommand::Reset {
             key: key.clone(),
             deadline,
+            seq,
         };
-        self.set.send(command, self.stripe(key), by(deadline));
+        self.set.send(self.stripe(key), by(deadline), reset);
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
     /// whether it was still there.
     pub fn remove(&self, key: &K) {
-        let command = KeyedCommand::Remove(key.clone());
-        self.set.send(command, self.stripe(key), Urgency::Lazy);
+        let remove = |seq| KeyedCommand::Remove {
+            key: key.clone(),
+            seq,
+        };
+        self.set.send(self.stripe(key), Urgency::Lazy, remove);
     }
 
     /// Removes `key` and returns its value: `Some` if and only if it was removed before it
     /// expired.
     pub async fn take(&self, key: &K) -> Option<V> {
         self.set
-            .ask(
-                |reply| KeyedCommand::Take(key.clone(), reply),
-                self.stripe(key),
-            )
+            .ask(self.stripe(key), |reply, seq| KeyedCommand::Take {
+                key: key.clone(),
+                reply,
+                seq,
+            })
             .await
             .flatten()
     }
@@ -188,7 +199,8 @@ where
     /// The set's actor hands its whole table over at once; turning it into pairs happens on
     /// the calling task, so draining millions of keys never stalls the actor.
     pub async fn drain(&self) -> Vec<(K, V)> {
-        match self.set.ask(KeyedCommand::Drain, Stripe::Every).await {
+        let drain = |reply, ordinals| KeyedCommand::Drain { reply, ordinals };
+        match self.set.ask_everywhere(drain).await {
             Some(drained) => drained.map(|(key, value, _)| (key, value)).collect(),
             None => Vec::new(),
         }
@@ -203,7 +215,7 @@ where
     /// fires after).
     pub async fn len(&self) -> usize {
         self.set
-            .ask(KeyedCommand::Len, Stripe::Uncounted)
+            .ask_everywhere(|reply, ordinals| KeyedCommand::Len { reply, ordinals })
             .await
             .unwrap_or(0)
     }

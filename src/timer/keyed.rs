@@ -14,8 +14,10 @@
 //! A handle may store into the word only if no command that could still write the same entry
 //! is in flight — commands apply in the order they were made, and a by-key `reset` queued
 //! before the handle's store must not overwrite it when it lands. Two counts say so: the word
-//! counts its handles' own commands in flight, and the set's [`Ledger`] counts by-key commands
-//! sent and applied per stripe of key hashes (by-key senders cannot find the word). A handle
+//! counts its handles' own commands in flight, and the set's [`Ledger`] counts every command on
+//! a key (by key or through a handle) sent and applied per stripe of key hashes (by-key
+//! senders cannot find the word). The same counts put the commands back in order in the
+//! actor (see [`Ledger`]). A handle
 //! whose word and stripe have nothing in flight stores; otherwise it sends its move as a
 //! command, behind the others.
 //!
@@ -187,27 +189,58 @@ impl DeadlineWord {
 }
 
 /// Stripes of key hashes the ledger counts separately: commands on other keys rarely hold a
-/// handle's fast path up.
+/// handle's fast path up, nor wait for each other in the actor.
 #[cfg(not(loom))]
-const STRIPES: usize = 256;
+pub(crate) const STRIPES: usize = 256;
 #[cfg(loom)]
-const STRIPES: usize = 2;
+pub(crate) const STRIPES: usize = 2;
 
-/// Where a command counts in the [`Ledger`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stripe {
-    /// The stripe of its key.
-    One(usize),
-    /// Every stripe (a drain).
-    Every,
-    /// None (a `len`, which changes nothing).
-    Uncounted,
+/// A command on every key's ordinal in each stripe (boxed: such commands are rare, and the
+/// others stay small).
+pub(crate) type Ordinals = Box<[u32; STRIPES]>;
+
+/// Bits of a [`Seq`] that hold the ordinal; the stripe takes the 8 above.
+const ORDINAL_BITS: u32 = 24;
+const ORDINAL_MASK: u32 = Seq::ORDINAL_MASK;
+
+/// A command's place in its set's order: its key's stripe, and how many commands were counted
+/// in that stripe before it (modulo 2^24: ordinals are only ever compared for equality, and a
+/// stripe never has 2^24 commands in flight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Seq(u32);
+
+impl Seq {
+    /// The bits of a count that make an ordinal.
+    pub(crate) const ORDINAL_MASK: u32 = (1 << ORDINAL_BITS) - 1;
+
+    pub(crate) fn new(stripe: usize, ordinal: u32) -> Self {
+        debug_assert!(stripe < STRIPES);
+        Seq(((stripe as u32) << ORDINAL_BITS) | (ordinal & ORDINAL_MASK))
+    }
+
+    pub(crate) fn stripe(self) -> usize {
+        (self.0 >> ORDINAL_BITS) as usize
+    }
+
+    pub(crate) fn ordinal(self) -> u32 {
+        self.0 & ORDINAL_MASK
+    }
 }
 
-/// By-key commands sent and applied, per stripe of key hashes. A command counts in its key's
-/// stripe (a drain in every stripe) before it is queued, and the actor counts it once applied:
-/// a stripe whose counts agree has nothing in flight, so a handle (whose own commands its word
-/// counts) may write its entry's word directly without overtaking a command made before.
+/// Commands counted and applied, per stripe of key hashes.
+///
+/// Every command that acts on a key counts in its key's stripe before it is queued, and the
+/// count it finds is its ordinal there ([`Seq`]); a command on every key (a drain, a `len`)
+/// counts in every stripe. The actor applies each stripe's commands in ordinal order (see
+/// `actor::keyed::order`) and counts them applied. This serves two ends:
+///
+/// - **Order.** Senders queue into per-thread inbox shards (no lock shared between threads),
+///   so the actor may take a command before one made earlier on another thread. Two commands
+///   on one key count in one stripe, and one made after another (by the same task, or after
+///   seeing its effect) counts after it: the actor applies them in the order they were made.
+/// - **Quiet stripes.** A stripe whose counts agree has nothing in flight, so a handle (whose
+///   own commands its word also counts) may write its entry's word directly without
+///   overtaking a command made before.
 #[derive(Debug)]
 pub(crate) struct Ledger {
     /// Written by senders.
@@ -233,17 +266,27 @@ impl Ledger {
         (hash >> 48) as usize % STRIPES
     }
 
-    /// A command on a key of `stripe` is about to be queued. Counted first, so the actor can
-    /// never have applied more than was counted.
-    pub(crate) fn sending(&self, stripe: usize) {
-        self.sent[stripe].fetch_add(1, Ordering::Relaxed);
+    /// A command on a key of `stripe` is about to be queued: counts it and returns its place.
+    /// Counted first, so the actor can never have applied more than was counted; and under the
+    /// lock of the inbox shard it goes to, so each shard's queue is in counting order.
+    /// Sequentially consistent, so that all counts, in every stripe, are totally ordered
+    /// (the actor's merge relies on it: `actor::keyed::order`).
+    pub(crate) fn sending(&self, stripe: usize) -> Seq {
+        Seq::new(stripe, self.sent[stripe].fetch_add(1, Ordering::SeqCst))
     }
 
-    /// A command on every key is about to be queued.
-    pub(crate) fn sending_everywhere(&self) {
-        for sent in self.sent.iter() {
-            sent.fetch_add(1, Ordering::Relaxed);
+    /// A command on every key is about to be queued: counts it in every stripe and returns
+    /// its ordinal in each. Call with every shard of the set's inbox locked
+    /// (`Inbox::send_made_alone`): counted one stripe at a time, it must not interleave with
+    /// another send's counts, or a thread's two commands on two stripes could fall one before
+    /// it and one after it in the wrong order, and the actor's merge would wait for good (a
+    /// loom model found exactly that).
+    pub(crate) fn sending_everywhere(&self) -> Ordinals {
+        let mut ordinals = Box::new([0; STRIPES]);
+        for (ordinal, sent) in ordinals.iter_mut().zip(self.sent.iter()) {
+            *ordinal = sent.fetch_add(1, Ordering::SeqCst) & ORDINAL_MASK;
         }
+        ordinals
     }
 
     /// The actor applied a command on a key of `stripe`; what it did to words is published
@@ -260,24 +303,6 @@ impl Ledger {
     pub(crate) fn applied_everywhere(&self) {
         for stripe in 0..STRIPES {
             self.applied(stripe);
-        }
-    }
-
-    /// A command counted in `stripe` is about to be queued.
-    pub(crate) fn sending_in(&self, stripe: Stripe) {
-        match stripe {
-            Stripe::One(stripe) => self.sending(stripe),
-            Stripe::Every => self.sending_everywhere(),
-            Stripe::Uncounted => {}
-        }
-    }
-
-    /// The actor applied a command counted in `stripe`.
-    pub(crate) fn applied_in(&self, stripe: Stripe) {
-        match stripe {
-            Stripe::One(stripe) => self.applied(stripe),
-            Stripe::Every => self.applied_everywhere(),
-            Stripe::Uncounted => {}
         }
     }
 

@@ -1,7 +1,9 @@
 //! The machine of a keyed timer set: entries by key, each filed in the wheel under a dense id.
 //!
-//! Every command reaches the set's actor through a single-shard inbox, so commands from every
-//! handle apply in the order they were made. The actor keeps each entry once (key, value and
+//! Handles queue commands into their thread's shard of the set's inbox (no lock shared
+//! between threads), and the actor merges the shards back so that commands on a key, and
+//! every command made after another was seen, apply in the order they were made (`order.rs`).
+//! The actor keeps each entry once (key, value and
 //! exact deadline, in a table indexed by id) and finds ids by key through an index of hash
 //! bits and ids (`index.rs`) that compares keys in that table: an entry costs its key and value
 //! plus about 45–50 bytes.
@@ -21,6 +23,7 @@
 //! it applies in the set's [`Ledger`], which is how a handle knows it may write its word
 //! without overtaking a command made before.
 
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,15 +31,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 mod index;
+mod order;
 mod tables;
 
 use self::index::{Found, Index};
+use self::order::{Merge, Place, Placed};
 use self::tables::{CHUNK, Chunk, Due, Entries, Entry, Words, due_at};
 use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
 use super::{Backlog, Ctx, Machine};
 use crate::timer::clock::Clock;
-use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved, Stripe};
+use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved, Ordinals, Seq};
 use crate::timer::shared::Shared;
 
 /// What a keyed set's handles ask of its actor. Deadlines are signed offsets from the wheel's
@@ -50,30 +55,66 @@ pub(crate) enum KeyedCommand<K, V> {
         key: K,
         value: V,
         deadline: i64,
+        seq: Seq,
     },
     /// `set` that also made a handle: the deadline is in the word.
     Insert {
         key: K,
         value: V,
         word: Arc<DeadlineWord>,
+        seq: Seq,
     },
     Reset {
         key: K,
         deadline: i64,
+        seq: Seq,
     },
-    Remove(K),
-    Take(K, oneshot::Sender<Option<V>>),
-    Drain(oneshot::Sender<Drained<K, V>>),
-    Len(oneshot::Sender<usize>),
-    /// A handle moved its word earlier itself: file the entry for the word's deadline.
+    Remove {
+        key: K,
+        seq: Seq,
+    },
+    Take {
+        key: K,
+        reply: oneshot::Sender<Option<V>>,
+        seq: Seq,
+    },
+    Drain {
+        reply: oneshot::Sender<Drained<K, V>>,
+        ordinals: Ordinals,
+    },
+    Len {
+        reply: oneshot::Sender<usize>,
+        ordinals: Ordinals,
+    },
+    /// A handle moved its word earlier itself: file the entry for the word's deadline. In no
+    /// order: it only reads the word.
     Advance(Target<K>),
     /// A handle's move that had to queue behind commands in flight (boxed, as the rarer
     /// path, to keep every command small).
-    Move(Box<(Target<K>, i64)>),
+    Move(Box<(Target<K>, i64)>, Seq),
     /// A handle's `remove`.
-    Forget(Target<K>),
+    Forget(Target<K>, Seq),
     /// A handle's `take` (boxed, to keep every command small).
-    TakeEntry(Box<(Target<K>, oneshot::Sender<Option<V>>)>),
+    TakeEntry(Box<(Target<K>, oneshot::Sender<Option<V>>)>, Seq),
+}
+
+impl<K, V> Placed for KeyedCommand<K, V> {
+    fn place(&self) -> Place<'_> {
+        match self {
+            KeyedCommand::Set { seq, .. }
+            | KeyedCommand::Insert { seq, .. }
+            | KeyedCommand::Reset { seq, .. }
+            | KeyedCommand::Remove { seq, .. }
+            | KeyedCommand::Take { seq, .. }
+            | KeyedCommand::Move(_, seq)
+            | KeyedCommand::Forget(_, seq)
+            | KeyedCommand::TakeEntry(_, seq) => Place::In(*seq),
+            KeyedCommand::Drain { ordinals, .. } | KeyedCommand::Len { ordinals, .. } => {
+                Place::Everywhere(ordinals)
+            }
+            KeyedCommand::Advance(_) => Place::Free,
+        }
+    }
 }
 
 /// The entry a handle's command is for: where the actor filed it (the id the actor wrote into
@@ -166,6 +207,10 @@ impl<K, V> Iterator for Drained<K, V> {
     }
 }
 
+/// Commands handed on from the merge at a time (see `order`): a flood's take is applied in
+/// steps, firing and yielding between them.
+const HAND_ON: usize = 1024;
+
 /// Entry chunks a set with entries pending may keep however sparse they are.
 const RETAINED_CHUNKS: usize = 4;
 
@@ -183,6 +228,8 @@ pub(crate) struct KeyedMachine<K, V> {
     /// ledger's stripes).
     hasher: foldhash::fast::RandomState,
     ledger: Arc<Ledger>,
+    /// Commands taken from the inbox's shards and not yet handed on in order (see `order`).
+    merge: Merge<KeyedCommand<K, V>>,
     /// How many `Timers` clones of the set are alive: once none is, nothing new can be set,
     /// and the actor stops when nothing is left (live `KeyedTimer`s, all stale by then, do not
     /// keep the stream open).
@@ -196,7 +243,7 @@ where
     V: Send + 'static,
 {
     /// `hasher` and `ledger` are shared with the set's handles, which count each command they
-    /// send in the stripe of its key's hash.
+    /// send in the stripe of its key's hash; `shards` is how many shards the set's inbox has.
     pub(crate) fn new(
         levels: &[u32],
         clock: Clock,
@@ -204,6 +251,7 @@ where
         hasher: foldhash::fast::RandomState,
         ledger: Arc<Ledger>,
         timers: Arc<AtomicUsize>,
+        shards: usize,
     ) -> Self {
         KeyedMachine {
             timeline: Timeline::new(levels, clock),
@@ -213,6 +261,7 @@ where
             reserved: 0,
             hasher,
             ledger,
+            merge: Merge::new(shards),
             timers,
             expirations,
         }
@@ -329,21 +378,37 @@ where
         Drained::new(std::mem::replace(&mut self.entries, Entries::new()))
     }
 
-    /// Applies `command`; returns the ledger stripe it counts in (a by-key command's).
-    fn apply_one(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) -> Stripe {
+    /// Applies `command`, whose turn has come.
+    fn apply_one(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
+        let count = match command.place() {
+            Place::Free => None,
+            Place::In(seq) => Some(Some(seq.stripe())),
+            Place::Everywhere(_) => Some(None),
+        };
+        self.act(command, ctx);
+        // Published once its effect on any word is done.
+        match count {
+            None => {}
+            Some(Some(stripe)) => self.ledger.applied(stripe),
+            Some(None) => self.ledger.applied_everywhere(),
+        }
+    }
+
+    fn act(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
         let hash = |key: &K| self.hasher.hash_one(key);
-        let stripe = |hash: u64| Stripe::One(Ledger::stripe(hash));
         match command {
             KeyedCommand::Set {
                 key,
                 value,
                 deadline,
+                ..
             } => {
                 let hash = hash(&key);
                 self.set(key, value, Due::own(deadline), deadline, hash, ctx);
-                stripe(hash)
             }
-            KeyedCommand::Insert { key, value, word } => {
+            KeyedCommand::Insert {
+                key, value, word, ..
+            } => {
                 let hash = hash(&key);
                 // No handle writes the word before this is applied: the ledger holds them off.
                 let deadline = word.load().1;
@@ -351,42 +416,36 @@ where
                 // Written once, read by the handles: their commands name the entry by it.
                 word.filed_as(id);
                 self.words.insert(id, word);
-                stripe(hash)
             }
-            KeyedCommand::Reset { key, deadline } => {
+            KeyedCommand::Reset { key, deadline, .. } => {
                 let hash = hash(&key);
                 if let Some(id) = self.find(&key, hash) {
                     self.move_entry(id, deadline);
                     ctx.delta.rescheduled += 1;
                 }
-                stripe(hash)
             }
-            KeyedCommand::Remove(key) => {
+            KeyedCommand::Remove { key, .. } => {
                 let hash = hash(&key);
                 if let Some(id) = self.find(&key, hash) {
                     self.remove(id, hash, ctx);
                 }
-                stripe(hash)
             }
-            KeyedCommand::Take(key, reply) => {
+            KeyedCommand::Take { key, reply, .. } => {
                 let hash = hash(&key);
                 let value = self.find(&key, hash).map(|id| self.remove(id, hash, ctx));
                 let _ = reply.send(value);
-                stripe(hash)
             }
-            KeyedCommand::Drain(reply) => {
+            KeyedCommand::Drain { reply, .. } => {
                 let drained = self.take_everything();
                 ctx.delta.cancelled += drained.len() as u64;
                 let _ = reply.send(drained);
-                Stripe::Every
             }
-            KeyedCommand::Len(reply) => {
+            KeyedCommand::Len { reply, .. } => {
                 let _ = reply.send(self.index.len);
-                Stripe::Uncounted
             }
-            // A handle's own commands count in its word, not in the ledger: counted down
+            // A handle's own commands (but an advance) also count in its word: counted down
             // once applied to a live entry (a gone entry's word refuses every move anyway).
-            // An advance is the exception: it only reads the word, so it is not counted.
+            // An advance only reads the word, so it is not counted.
             KeyedCommand::Advance(target) => {
                 if let Some(id) = self.live(&target) {
                     // Should it move again meanwhile, later, the entry's tick finds out.
@@ -394,28 +453,24 @@ where
                     self.timeline.advance_to(id, due_at(deadline));
                     ctx.delta.rescheduled += 1;
                 }
-                Stripe::Uncounted
             }
-            KeyedCommand::Move(moved) => {
+            KeyedCommand::Move(moved, _) => {
                 let (target, deadline) = *moved;
                 if let Some(id) = self.live(&target) {
                     self.move_entry(id, deadline);
                     self.words.of(id).applied();
                     ctx.delta.rescheduled += 1;
                 }
-                Stripe::Uncounted
             }
-            KeyedCommand::Forget(target) => {
+            KeyedCommand::Forget(target, _) => {
                 if let Some(id) = self.live(&target) {
                     self.remove_by_id(id, ctx);
                 }
-                Stripe::Uncounted
             }
-            KeyedCommand::TakeEntry(taken) => {
+            KeyedCommand::TakeEntry(taken, _) => {
                 let (target, reply) = *taken;
                 let value = self.live(&target).map(|id| self.remove_by_id(id, ctx));
                 let _ = reply.send(value);
-                Stripe::Uncounted
             }
         }
     }
@@ -470,8 +525,31 @@ where
     type Command = KeyedCommand<K, V>;
 
     fn apply(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
-        let stripe = self.apply_one(command, ctx);
-        self.ledger.applied_in(stripe);
+        self.apply_one(command, ctx);
+    }
+
+    fn take(&mut self, inbox: &Inbox<Self::Command>, into: &mut VecDeque<Self::Command>) -> usize {
+        let took = inbox.take_each(self.merge.shards());
+        self.merge.hand_on(into, HAND_ON);
+        took
+    }
+
+    fn refill(&mut self, into: &mut VecDeque<Self::Command>) -> bool {
+        self.merge.hand_on(into, HAND_ON) > 0
+    }
+
+    fn take_stopped(
+        &mut self,
+        inbox: &Inbox<Self::Command>,
+        into: &mut VecDeque<Self::Command>,
+    ) -> usize {
+        let took = inbox.stop_each(self.merge.shards());
+        self.merge.stopped(into);
+        took
+    }
+
+    fn waiting(&self) -> bool {
+        self.merge.waiting()
     }
 
     fn prefetch(&self, command: &KeyedCommand<K, V>) {
@@ -481,13 +559,19 @@ where
             KeyedCommand::Set { key, .. }
             | KeyedCommand::Insert { key, .. }
             | KeyedCommand::Reset { key, .. }
-            | KeyedCommand::Remove(key)
-            | KeyedCommand::Take(key, _) => self.index.prefetch(self.hasher.hash_one(key)),
+            | KeyedCommand::Remove { key, .. }
+            | KeyedCommand::Take { key, .. } => self.index.prefetch(self.hasher.hash_one(key)),
             _ => {}
         }
     }
 
     fn fire(&mut self, now: u64, budget: usize, backlog: Backlog, ctx: &mut Ctx<'_>) -> usize {
+        // Commands taken but waiting for one made before them are not applied yet.
+        let backlog = if self.merge.waiting() {
+            Backlog::Unapplied
+        } else {
+            backlog
+        };
         let mut due = Vec::new();
         let (entries, words, hasher, ledger) =
             (&self.entries, &self.words, &self.hasher, &self.ledger);
@@ -574,7 +658,10 @@ where
     }
 
     fn holds_memory(&self, _shared: &Shared) -> bool {
-        !self.entries.chunks.is_empty() || self.words.holds_memory() || self.index.holds_memory()
+        !self.entries.chunks.is_empty()
+            || self.words.holds_memory()
+            || self.index.holds_memory()
+            || self.merge.holds_memory()
     }
 
     fn sparse(&self, _shared: &Shared) -> bool {
@@ -597,6 +684,7 @@ where
             self.timeline.release_unfiled();
         }
         self.reserved = self.reserved.min(CHUNK);
+        self.merge.shrink();
         true
     }
 }

@@ -1,6 +1,7 @@
 //! The keyed machine's races, driven deterministically.
 
 use super::*;
+use crate::actor::inbox::Urgency;
 
 #[test]
 fn commands_and_entries_stay_small() {
@@ -35,6 +36,7 @@ async fn a_queued_handle_move_is_never_lost_to_the_expiry_it_races() {
         key: 1,
         value: 1,
         word: word.clone(),
+        seq: count_sent(&machine, 1),
     };
     machine.apply(insert, &mut ctx);
     let id = word.id().expect("filed");
@@ -43,8 +45,9 @@ async fn a_queued_handle_move_is_never_lost_to_the_expiry_it_races() {
         word: Arc::as_ptr(&word) as usize,
     };
     // The handle counts its move and queues it; the actor has not taken it.
+    let seq = count_sent(&machine, 1);
     word.sending();
-    let queued = KeyedCommand::Move(Box::new((target(), ms(50))));
+    let queued = KeyedCommand::Move(Box::new((target(), ms(50))), seq);
     // The actor fires at 6 ms (the old deadline was 5 ms).
     machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
     assert!(expired.try_recv().is_err(), "fired at the old deadline");
@@ -97,7 +100,7 @@ impl Bench {
         let hasher = foldhash::fast::RandomState::default();
         let ledger = Arc::new(Ledger::default());
         let timers = Arc::new(AtomicUsize::new(1));
-        let machine = KeyedMachine::new(&levels, clock, sender, hasher, ledger, timers);
+        let machine = KeyedMachine::new(&levels, clock, sender, hasher, ledger, timers, SHARDS);
         Bench {
             shared,
             machine,
@@ -106,24 +109,31 @@ impl Bench {
     }
 }
 
-/// Counts a by-key command on `key` in the ledger, as `Timers` does before queueing it.
-fn count_sent(machine: &KeyedMachine<u32, u32>, key: u32) {
+/// Counts a command on `key` in the ledger, as `Timers` does before queueing it; returns its
+/// place.
+fn count_sent(machine: &KeyedMachine<u32, u32>, key: u32) -> Seq {
     let stripe = Ledger::stripe(machine.hasher.hash_one(key));
-    machine.ledger.sending(stripe);
+    machine.ledger.sending(stripe)
 }
 
 /// A by-key `set` of `key` (value `key`), counted and applied.
 fn set_by_key(machine: &mut KeyedMachine<u32, u32>, ctx: &mut Ctx<'_>, key: u32, deadline: i64) {
-    count_sent(machine, key);
-    let value = key;
-    machine.apply(
-        KeyedCommand::Set {
-            key,
-            value,
-            deadline,
-        },
-        ctx,
-    );
+    let set = set_command(machine, key, deadline);
+    machine.apply(set, ctx);
+}
+
+/// A by-key `set` of `key` (value `key`), counted, not applied.
+fn set_command(
+    machine: &KeyedMachine<u32, u32>,
+    key: u32,
+    deadline: i64,
+) -> KeyedCommand<u32, u32> {
+    KeyedCommand::Set {
+        key,
+        value: key,
+        deadline,
+        seq: count_sent(machine, key),
+    }
 }
 
 /// The deadline of the expiration delivered, if one was.
@@ -148,10 +158,10 @@ async fn a_by_key_reset_waiting_in_a_flood_batch_is_never_lost_to_expiry() {
     let machine = &mut bench.machine;
     set_by_key(machine, &mut ctx, 1, ms(5));
     // The reset is counted and queued; the actor took it but has not applied it yet.
-    count_sent(machine, 1);
     let reset = KeyedCommand::Reset {
         key: 1,
         deadline: ms(50),
+        seq: count_sent(machine, 1),
     };
     machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Unapplied, &mut ctx);
     assert_eq!(fired(&mut bench.expired), None, "fired past a queued reset");
@@ -186,4 +196,66 @@ async fn an_applied_batch_fires_due_entries_whatever_is_in_flight() {
         Some(ms(5)),
         "a due entry was held back"
     );
+}
+
+/// Inbox shards of the machine under test.
+const SHARDS: usize = 2;
+
+/// Per-thread shards let the actor take a command before one made earlier on another thread:
+/// a `remove` taken before the `set` it follows waits for it, and the set's entry, due
+/// meanwhile, never fires (the firing knows commands wait); commands on other keys go on.
+#[tokio::test(start_paused = true)]
+async fn a_command_taken_before_an_earlier_one_waits_for_it() {
+    let mut bench = Bench::new();
+    let mut delta = Default::default();
+    let mut ctx = Ctx {
+        shared: &bench.shared,
+        delta: &mut delta,
+    };
+    let machine = &mut bench.machine;
+    let inbox = Inbox::new(SHARDS);
+    let send = |shard, command| assert!(inbox.send_made(shard, Urgency::Lazy, || command));
+    let mut batch = VecDeque::new();
+    send(0, set_command(machine, 1, ms(5)));
+    machine.take(&inbox, &mut batch);
+    machine.apply(batch.pop_front().expect("its turn"), &mut ctx);
+    // Made in this order, on two threads: the set again on shard 0; then the remove on shard
+    // 1, and a set of key 2 on shard 1.
+    let set_again = set_command(machine, 1, ms(20));
+    let remove = KeyedCommand::Remove {
+        key: 1,
+        seq: count_sent(machine, 1),
+    };
+    let elsewhere = set_command(machine, 2, ms(30));
+    // The actor takes shard 0 before the set reaches it; shard 1 has the rest.
+    send(1, remove);
+    send(1, elsewhere);
+    machine.take(&inbox, &mut batch);
+    assert!(
+        batch.is_empty(),
+        "the remove waits for the set, the set of key 2 behind it"
+    );
+    assert!(machine.waiting());
+    machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    assert_eq!(
+        fired(&mut bench.expired),
+        None,
+        "fired past a waiting remove"
+    );
+    send(0, set_again);
+    machine.take(&inbox, &mut batch);
+    assert!(!machine.waiting());
+    assert_eq!(batch.len(), 3);
+    for command in batch.drain(..) {
+        machine.apply(command, &mut ctx);
+    }
+    machine.fire(ms(25) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    assert_eq!(
+        fired(&mut bench.expired),
+        None,
+        "the remove came after the set"
+    );
+    assert_eq!(machine.index.len, 1, "key 1 removed, key 2 set");
+    machine.fire(ms(30) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    assert_eq!(fired(&mut bench.expired), Some(ms(30)));
 }
