@@ -458,6 +458,22 @@ impl<C> Inbox<C> {
         took
     }
 
+    /// Takes one shard's commands (tests: one step of [`take_each`](Self::take_each), to
+    /// make a send land between two shards' takes).
+    #[cfg(test)]
+    pub(crate) fn take_one(&self, shard: usize, into: &mut VecDeque<C>) -> usize {
+        let mut state = self.lock(shard);
+        let took = state.commands.len();
+        into.append(&mut state.commands);
+        took
+    }
+
+    /// Whether every shard before `shard` (by index: the order [`take_each`](Self::take_each)
+    /// takes them in) is empty; waits for a send in progress on each.
+    pub(crate) fn empty_before(&self, shard: usize) -> bool {
+        (0..shard).all(|before| self.lock(before).commands.is_empty())
+    }
+
     /// How many shards the inbox has.
     pub(crate) fn shard_count(&self) -> usize {
         self.shards.len()

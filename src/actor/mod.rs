@@ -143,7 +143,11 @@ pub(crate) trait Machine: Send + 'static {
     /// hands them on in steps; `false` if none is ready.
     ///
     /// [`take`]: Machine::take
-    fn refill(&mut self, _into: &mut VecDeque<Self::Command>) -> bool {
+    fn refill(
+        &mut self,
+        _inbox: &Inbox<Self::Command>,
+        _into: &mut VecDeque<Self::Command>,
+    ) -> bool {
         false
     }
 
@@ -418,7 +422,7 @@ impl<M: Machine> Actor<M> {
     async fn apply_batch(&mut self) {
         let mut budget = TURN_BUDGET;
         let mut stretch = std::time::Instant::now();
-        while !self.batch.is_empty() || self.machine.refill(&mut self.batch) {
+        while !self.batch.is_empty() || self.machine.refill(&self.inbox, &mut self.batch) {
             self.apply_slice();
             let more = !self.batch.is_empty() || self.machine.waiting();
             if more && stretch.elapsed() >= budget {
@@ -580,7 +584,7 @@ impl<M: Machine> Actor<M> {
             self.shared.request_shutdown();
         }
         self.delta.commands += self.machine.take_stopped(&self.inbox, &mut self.batch) as u64;
-        while !self.batch.is_empty() || self.machine.refill(&mut self.batch) {
+        while !self.batch.is_empty() || self.machine.refill(&self.inbox, &mut self.batch) {
             self.apply_slice();
         }
         if self.machine.len() > 0 {

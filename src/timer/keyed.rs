@@ -289,6 +289,14 @@ impl Ledger {
         ordinals
     }
 
+    /// Each stripe's count of commands applied (modulo the ordinals' range), into `next`: the
+    /// ordinal of the next command to apply there. For the actor.
+    pub(crate) fn applied_into(&self, next: &mut [u32; STRIPES]) {
+        for (next, applied) in next.iter_mut().zip(self.applied.iter()) {
+            *next = applied.load(Ordering::Relaxed) & ORDINAL_MASK;
+        }
+    }
+
     /// The actor applied a command on a key of `stripe`; what it did to words is published
     /// with the count.
     pub(crate) fn applied(&self, stripe: usize) {

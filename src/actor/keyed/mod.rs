@@ -529,13 +529,13 @@ where
     }
 
     fn take(&mut self, inbox: &Inbox<Self::Command>, into: &mut VecDeque<Self::Command>) -> usize {
-        let took = inbox.take_each(self.merge.shards());
-        self.merge.hand_on(into, HAND_ON);
+        let took = self.merge.take(inbox);
+        self.merge.hand_on(into, HAND_ON, inbox, &self.ledger);
         took
     }
 
-    fn refill(&mut self, into: &mut VecDeque<Self::Command>) -> bool {
-        self.merge.hand_on(into, HAND_ON) > 0
+    fn refill(&mut self, inbox: &Inbox<Self::Command>, into: &mut VecDeque<Self::Command>) -> bool {
+        self.merge.hand_on(into, HAND_ON, inbox, &self.ledger) > 0
     }
 
     fn take_stopped(
@@ -543,8 +543,8 @@ where
         inbox: &Inbox<Self::Command>,
         into: &mut VecDeque<Self::Command>,
     ) -> usize {
-        let took = inbox.stop_each(self.merge.shards());
-        self.merge.stopped(into);
+        let took = self.merge.stop(inbox);
+        self.merge.stopped(into, &self.ledger);
         took
     }
 

@@ -25,10 +25,11 @@
 
 use std::collections::VecDeque;
 
-use crate::timer::keyed::{Ordinals, STRIPES, Seq};
+use super::super::inbox::Inbox;
+use crate::timer::keyed::{Ledger, Ordinals, STRIPES, Seq};
 
 /// Where a command stands in the set's order.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) enum Place<'a> {
     /// Commutes with every command (an advance, which only reads the entry's word).
     Free,
@@ -43,12 +44,12 @@ pub(crate) trait Placed {
     fn place(&self) -> Place<'_>;
 }
 
-/// The shards' commands taken and not yet handed on, and each stripe's next ordinal.
+/// The shards' commands taken and not yet handed on.
 #[derive(Debug)]
 pub(crate) struct Merge<C> {
     /// One queue per inbox shard, each in the order it was counted.
     shards: Box<[VecDeque<C>]>,
-    /// Per stripe, the ordinal of the next command to hand on.
+    /// Per stripe, the ordinal of the next command to hand on (scratch of a checked hand-on).
     next: Box<[u32; STRIPES]>,
 }
 
@@ -60,16 +61,63 @@ impl<C: Placed> Merge<C> {
         }
     }
 
-    /// The queues to take the inbox's shards into.
-    pub(crate) fn shards(&mut self) -> &mut [VecDeque<C>] {
-        &mut self.shards
+    /// Takes every shard of `inbox` in (`Inbox::take_each`); returns how many commands.
+    pub(crate) fn take(&mut self, inbox: &Inbox<C>) -> usize {
+        inbox.take_each(&mut self.shards)
     }
 
-    /// Moves commands whose turn has come to the back of `into`, in an order that keeps each
-    /// stripe's, up to about `limit` of them (so a flood's take is handed on in steps, between
-    /// which the actor applies, fires and yields). Returns how many it moved; fewer than
-    /// `limit` once the rest waits for commands still on their way (or there is no rest).
-    pub(crate) fn hand_on(&mut self, into: &mut VecDeque<C>, limit: usize) -> usize {
+    /// Takes one shard of `inbox` in (tests: a send can then land between two shards' takes).
+    #[cfg(test)]
+    pub(crate) fn take_one(&mut self, inbox: &Inbox<C>, shard: usize) -> usize {
+        inbox.take_one(shard, &mut self.shards[shard])
+    }
+
+    /// Stops `inbox` and takes its shards in for the last time (`Inbox::stop_each`).
+    pub(crate) fn stop(&mut self, inbox: &Inbox<C>) -> usize {
+        inbox.stop_each(&mut self.shards)
+    }
+
+    /// Moves commands whose turn has come into `into`, in an order that keeps each stripe's,
+    /// up to about `limit` of them (a flood's take goes in steps, between which the actor
+    /// applies, fires and yields). Returns how many it moved; fewer than `limit` once the rest
+    /// waits for commands still on their way (or there is no rest).
+    ///
+    /// `into` must be empty, and everything handed on before applied (and counted in
+    /// `ledger`): a checked hand-on starts from the ledger's counts.
+    ///
+    /// The common case costs nothing per command: when a single shard (`lone`) holds every
+    /// command taken and not handed on — one thread sent them all — and the shards the take
+    /// went through before it are still empty, that shard goes whole, as it is. Its queue is in
+    /// counting order; and a command counted before one of its commands but not yet taken
+    /// would be in a shard taken before it (a shard taken after it was taken after that count,
+    /// whose critical section — under that shard's lock — the take waited for): counted after
+    /// that shard was taken, so found there now, or being pushed, which the look waits for.
+    pub(crate) fn hand_on(
+        &mut self,
+        into: &mut VecDeque<C>,
+        limit: usize,
+        inbox: &Inbox<C>,
+        ledger: &Ledger,
+    ) -> usize {
+        debug_assert!(into.is_empty());
+        let mut busy = self
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|(_, shard)| !shard.is_empty());
+        if let (Some((lone, _)), None) = (busy.next(), busy.next()) {
+            if inbox.empty_before(lone) {
+                std::mem::swap(into, &mut self.shards[lone]);
+                return into.len();
+            }
+        }
+        ledger.applied_into(&mut self.next);
+        self.hand_on_checked(into, limit)
+    }
+
+    /// Checks each command's turn against `next`, shard by shard, moving runs whose turn has
+    /// come.
+    fn hand_on_checked(&mut self, into: &mut VecDeque<C>, limit: usize) -> usize {
         let mut total = 0;
         loop {
             let mut moved = 0;
@@ -97,9 +145,14 @@ impl<C: Placed> Merge<C> {
     }
 
     /// The actor has stopped and the shards are taken for the last time: hands every command
-    /// on. (None waits by then: a send counts its command only once it may queue it.)
-    pub(crate) fn stopped(&mut self, into: &mut VecDeque<C>) {
-        self.hand_on(into, usize::MAX);
+    /// on, after those in `into` (taken before, not applied yet). None waits by then: a send
+    /// counts its command only once it may queue it.
+    pub(crate) fn stopped(&mut self, into: &mut VecDeque<C>, ledger: &Ledger) {
+        ledger.applied_into(&mut self.next);
+        for command in into.iter() {
+            take_turn_anyway(&mut self.next, command.place());
+        }
+        self.hand_on_checked(into, usize::MAX);
         debug_assert!(!self.waiting(), "a counted command was never queued");
         for shard in self.shards.iter_mut() {
             into.append(shard);
@@ -121,36 +174,39 @@ impl<C: Placed> Merge<C> {
     }
 }
 
+/// Whether a command at `place` is next in every stripe it counts in.
+fn is_turn(next: &[u32; STRIPES], place: Place<'_>) -> bool {
+    match place {
+        Place::Free => true,
+        Place::In(seq) => next[seq.stripe()] == seq.ordinal(),
+        Place::Everywhere(ordinals) => next.iter().zip(ordinals.iter()).all(|(n, o)| n == o),
+    }
+}
+
+/// Counts a command at `place` handed on, in every stripe it counts in.
+fn take_turn_anyway(next: &mut [u32; STRIPES], place: Place<'_>) {
+    let bump = |next: &mut u32| *next = next.wrapping_add(1) & Seq::ORDINAL_MASK;
+    match place {
+        Place::Free => {}
+        Place::In(seq) => bump(&mut next[seq.stripe()]),
+        Place::Everywhere(_) => next.iter_mut().for_each(bump),
+    }
+}
+
 /// Whether a command at `place` is next in every stripe it counts in; if so, it takes its
 /// turn there.
 fn take_turn(next: &mut [u32; STRIPES], place: Place<'_>) -> bool {
-    let bump = |ordinal: u32| ordinal.wrapping_add(1) & Seq::ORDINAL_MASK;
-    match place {
-        Place::Free => true,
-        Place::In(seq) => {
-            let next = &mut next[seq.stripe()];
-            let its_turn = *next == seq.ordinal();
-            if its_turn {
-                *next = bump(*next);
-            }
-            its_turn
-        }
-        Place::Everywhere(ordinals) => {
-            let its_turn = next.iter().zip(ordinals.iter()).all(|(n, o)| n == o);
-            if its_turn {
-                for next in next.iter_mut() {
-                    *next = bump(*next);
-                }
-            }
-            its_turn
-        }
+    let its_turn = is_turn(next, place);
+    if its_turn {
+        take_turn_anyway(next, place);
     }
+    its_turn
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::timer::keyed::Ledger;
+    use crate::actor::inbox::Urgency;
 
     /// A command for the tests: a name and a place.
     #[derive(Debug)]
@@ -168,68 +224,134 @@ mod tests {
         }
     }
 
-    fn names(into: &VecDeque<Command>) -> Vec<&'static str> {
-        into.iter()
-            .map(|command| match command {
-                Command::One(name, _) | Command::Every(name, _) => *name,
-            })
-            .collect()
+    fn name(command: &Command) -> &'static str {
+        match command {
+            Command::One(name, _) | Command::Every(name, _) => name,
+        }
+    }
+
+    /// An inbox, its merge and a ledger, driven by hand as an actor would.
+    struct Bench {
+        inbox: Inbox<Command>,
+        merge: Merge<Command>,
+        ledger: Ledger,
+        applied: Vec<&'static str>,
+    }
+
+    impl Bench {
+        fn new(shards: usize) -> Self {
+            Bench {
+                inbox: Inbox::new(shards),
+                merge: Merge::new(shards),
+                ledger: Ledger::default(),
+                applied: Vec::new(),
+            }
+        }
+
+        fn queue(&self, shard: usize, command: Command) {
+            assert!(self.inbox.send_made(shard, Urgency::Lazy, || command));
+        }
+
+        /// A turn: take, then hand on and apply until nothing more comes.
+        fn turn(&mut self) {
+            self.merge.take(&self.inbox);
+            let mut batch = VecDeque::new();
+            while self.merge.hand_on(&mut batch, 2, &self.inbox, &self.ledger) > 0 {
+                for command in batch.drain(..) {
+                    match command.place() {
+                        Place::In(seq) => self.ledger.applied(seq.stripe()),
+                        Place::Everywhere(_) => self.ledger.applied_everywhere(),
+                        Place::Free => {}
+                    }
+                    self.applied.push(name(&command));
+                }
+            }
+        }
     }
 
     #[test]
     fn each_stripe_is_handed_on_in_the_order_it_was_counted() {
-        let ledger = Ledger::default();
-        let mut merge = Merge::new(2);
-        let a = ledger.sending(3);
-        let b = ledger.sending(3);
-        let c = ledger.sending(3);
-        let other = ledger.sending(4);
-        // Shard 0 has a and c (one thread), shard 1 has b and other (another).
-        merge.shards()[0].extend([Command::One("a", a), Command::One("c", c)]);
-        merge.shards()[1].extend([Command::One("b", b), Command::One("other", other)]);
-        let mut into = VecDeque::new();
-        merge.hand_on(&mut into, usize::MAX);
-        assert_eq!(names(&into), ["a", "b", "other", "c"]);
-        assert!(!merge.waiting());
+        let mut bench = Bench::new(2);
+        let ledger = &bench.ledger;
+        let (a, b, c, other) = (
+            ledger.sending(3),
+            ledger.sending(3),
+            ledger.sending(3),
+            ledger.sending(4),
+        );
+        // Shard 0 got a and c (one thread), shard 1 b and other (another).
+        bench.queue(0, Command::One("a", a));
+        bench.queue(0, Command::One("c", c));
+        bench.queue(1, Command::One("b", b));
+        bench.queue(1, Command::One("other", other));
+        bench.turn();
+        let applied = &bench.applied;
+        let at = |name| applied.iter().position(|n| *n == name).unwrap();
+        assert_eq!(applied.len(), 4);
+        assert!(at("a") < at("b") && at("b") < at("c"), "{applied:?}");
+        assert!(!bench.merge.waiting());
+        assert!(bench.ledger.is_quiet(3) && bench.ledger.is_quiet(4));
     }
 
     #[test]
-    fn a_command_waits_for_one_counted_before_it_still_on_its_way() {
-        let ledger = Ledger::default();
-        let mut merge = Merge::new(2);
-        let on_its_way = ledger.sending(7);
-        let after = ledger.sending(7);
-        let elsewhere = ledger.sending(8);
-        merge.shards()[0].extend([Command::One("after", after), Command::One("x", elsewhere)]);
-        let mut into = VecDeque::new();
-        merge.hand_on(&mut into, usize::MAX);
-        assert!(into.is_empty(), "x is behind a command that waits");
-        assert!(merge.waiting());
-        merge.shards()[1].push_back(Command::One("first", on_its_way));
-        merge.hand_on(&mut into, usize::MAX);
-        assert_eq!(names(&into), ["first", "after", "x"]);
-        assert!(!merge.waiting());
+    fn a_lone_shard_goes_whole_in_its_order() {
+        let mut bench = Bench::new(4);
+        for name in ["x", "y", "z"] {
+            let seq = bench.ledger.sending(9);
+            bench.queue(2, Command::One(name, seq));
+        }
+        bench.turn();
+        assert_eq!(bench.applied, ["x", "y", "z"]);
+        // The next turn's checked hand-on starts where the whole one left the stripe.
+        let late = bench.ledger.sending(9);
+        let other = bench.ledger.sending(1);
+        bench.queue(0, Command::One("other", other));
+        bench.queue(3, Command::One("late", late));
+        bench.turn();
+        assert_eq!(bench.applied, ["x", "y", "z", "other", "late"]);
+    }
+
+    /// The actor takes shard 0, then one thread queues `first` there and another, having seen
+    /// it return, queues `after` (same stripe) and `behind` into shard 1, which the actor takes
+    /// next: `after` waits for `first`, `behind` behind it, until the next take.
+    #[test]
+    fn a_command_waits_for_one_queued_into_a_shard_already_taken() {
+        let mut bench = Bench::new(2);
+        bench.merge.take_one(&bench.inbox, 0);
+        let first = bench.ledger.sending(7);
+        bench.queue(0, Command::One("first", first));
+        let after = bench.ledger.sending(7);
+        let behind = bench.ledger.sending(8);
+        bench.queue(1, Command::One("after", after));
+        bench.queue(1, Command::One("behind", behind));
+        bench.merge.take_one(&bench.inbox, 1);
+        let mut batch = VecDeque::new();
+        let handed = bench
+            .merge
+            .hand_on(&mut batch, usize::MAX, &bench.inbox, &bench.ledger);
+        assert_eq!(handed, 0, "after waits for first, behind is behind it");
+        assert!(bench.merge.waiting());
+        bench.turn();
+        assert_eq!(bench.applied, ["first", "after", "behind"]);
+        assert!(!bench.merge.waiting());
     }
 
     #[test]
     fn a_command_on_every_key_comes_after_those_before_and_before_those_after() {
-        let ledger = Ledger::default();
-        let mut merge = Merge::new(3);
+        let mut bench = Bench::new(3);
+        let ledger = &bench.ledger;
         let before = ledger.sending(1);
         let drain = ledger.sending_everywhere();
         let after = ledger.sending(1);
         let elsewhere = ledger.sending(2);
-        merge.shards()[0].extend([Command::One("after", after)]);
-        merge.shards()[1].extend([
-            Command::Every("drain", drain),
-            Command::One("elsewhere", elsewhere),
-        ]);
-        merge.shards()[2].extend([Command::One("before", before)]);
-        let mut into = VecDeque::new();
-        merge.hand_on(&mut into, usize::MAX);
-        let names = names(&into);
-        assert_eq!(names.len(), 4);
-        let at = |name| names.iter().position(|n| *n == name).unwrap();
+        bench.queue(0, Command::One("after", after));
+        bench.queue(1, Command::Every("drain", drain));
+        bench.queue(1, Command::One("elsewhere", elsewhere));
+        bench.queue(2, Command::One("before", before));
+        bench.turn();
+        let applied = &bench.applied;
+        assert_eq!(applied.len(), 4);
+        let at = |name| applied.iter().position(|n| *n == name).unwrap();
         assert!(at("before") < at("drain"));
         assert!(at("drain") < at("after"));
         assert!(at("drain") < at("elsewhere"));
@@ -274,10 +396,17 @@ mod loom_model {
         }
     }
 
-    /// Thread A sends `x` (stripe 0) into shard 0, then flags it; thread B, on shard 1, sends
-    /// `second` (built by `make`) and says whether it saw the flag first. The actor takes
-    /// once while they run and once after.
-    fn race(every: bool, make: fn(&Ledger) -> Command, check: fn(bool, &[&'static str])) {
+    /// Thread A sends `x` (stripe 0) then `z` (stripe 1) into shard `a_shard`, then flags it;
+    /// thread B, on the other shard, sends the command `make` builds and says whether it saw
+    /// the flag first. Both placements matter: the actor takes shard 0 first, and hands a lone
+    /// shard on whole only if the shards before it are still empty. The actor has one turn
+    /// while they run and one after.
+    fn race(
+        a_shard: usize,
+        every: bool,
+        make: fn(&Ledger) -> Command,
+        check: fn(bool, &[&'static str]),
+    ) {
         loom::model(move || {
             let inbox = Arc::new(Inbox::<Command>::new(2));
             let ledger = Arc::new(Ledger::default());
@@ -285,8 +414,12 @@ mod loom_model {
             let a = {
                 let (inbox, ledger, sent) = (inbox.clone(), ledger.clone(), sent.clone());
                 thread::spawn(move || {
-                    inbox.send_made(0, Urgency::Lazy, || Command::One("x", ledger.sending(0)));
-                    inbox.send_made(0, Urgency::Lazy, || Command::One("z", ledger.sending(1)));
+                    inbox.send_made(a_shard, Urgency::Lazy, || {
+                        Command::One("x", ledger.sending(0))
+                    });
+                    inbox.send_made(a_shard, Urgency::Lazy, || {
+                        Command::One("z", ledger.sending(1))
+                    });
                     sent.store(true, Ordering::Release);
                 })
             };
@@ -296,21 +429,34 @@ mod loom_model {
                     let after = sent.load(Ordering::Acquire);
                     let command = || make(&ledger);
                     if every {
-                        inbox.send_made_alone(1, Urgency::Lazy, command);
+                        inbox.send_made_alone(1 - a_shard, Urgency::Lazy, command);
                     } else {
-                        inbox.send_made(1, Urgency::Lazy, command);
+                        inbox.send_made(1 - a_shard, Urgency::Lazy, command);
                     }
                     after
                 })
             };
             let mut merge = Merge::new(2);
             let mut out = VecDeque::new();
-            inbox.take_each(merge.shards());
-            merge.hand_on(&mut out, usize::MAX);
+            // One actor turn: take, then hand on and apply until nothing more comes.
+            let turn = |merge: &mut Merge<Command>, out: &mut VecDeque<Command>| {
+                merge.take(&inbox);
+                let mut batch = VecDeque::new();
+                while merge.hand_on(&mut batch, usize::MAX, &inbox, &ledger) > 0 {
+                    for command in batch.drain(..) {
+                        match command.place() {
+                            Place::In(seq) => ledger.applied(seq.stripe()),
+                            Place::Everywhere(_) => ledger.applied_everywhere(),
+                            Place::Free => {}
+                        }
+                        out.push_back(command);
+                    }
+                }
+            };
+            turn(&mut merge, &mut out);
             let after = b.join().unwrap();
             a.join().unwrap();
-            inbox.take_each(merge.shards());
-            merge.hand_on(&mut out, usize::MAX);
+            turn(&mut merge, &mut out);
             assert!(
                 !merge.waiting(),
                 "a command waits after every send returned"
@@ -325,30 +471,40 @@ mod loom_model {
         names.iter().position(|n| *n == name).unwrap()
     }
 
+    fn one_key(after: bool, names: &[&'static str]) {
+        if after {
+            assert!(at(names, "x") < at(names, "y"), "{names:?}");
+        }
+    }
+
+    fn every_key(after: bool, names: &[&'static str]) {
+        if after {
+            assert!(at(names, "x") < at(names, "len"), "{names:?}");
+            assert!(at(names, "z") < at(names, "len"), "{names:?}");
+        }
+    }
+
     #[test]
     fn a_command_made_after_another_on_its_key_comes_after_it() {
-        race(
-            false,
-            |ledger| Command::One("y", ledger.sending(0)),
-            |after, names| {
-                if after {
-                    assert!(at(names, "x") < at(names, "y"), "{names:?}");
-                }
-            },
-        );
+        for a_shard in [0, 1] {
+            race(
+                a_shard,
+                false,
+                |ledger| Command::One("y", ledger.sending(0)),
+                one_key,
+            );
+        }
     }
 
     #[test]
     fn a_command_on_every_key_comes_after_what_was_made_before_it() {
-        race(
-            true,
-            |ledger| Command::Every("len", ledger.sending_everywhere()),
-            |after, names| {
-                if after {
-                    assert!(at(names, "x") < at(names, "len"), "{names:?}");
-                    assert!(at(names, "z") < at(names, "len"), "{names:?}");
-                }
-            },
-        );
+        for a_shard in [0, 1] {
+            race(
+                a_shard,
+                true,
+                |ledger| Command::Every("len", ledger.sending_everywhere()),
+                every_key,
+            );
+        }
     }
 }

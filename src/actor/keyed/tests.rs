@@ -215,40 +215,35 @@ async fn a_command_taken_before_an_earlier_one_waits_for_it() {
     let machine = &mut bench.machine;
     let inbox = Inbox::new(SHARDS);
     let send = |shard, command| assert!(inbox.send_made(shard, Urgency::Lazy, || command));
-    let mut batch = VecDeque::new();
     send(0, set_command(machine, 1, ms(5)));
-    machine.take(&inbox, &mut batch);
-    machine.apply(batch.pop_front().expect("its turn"), &mut ctx);
-    // Made in this order, on two threads: the set again on shard 0; then the remove on shard
-    // 1, and a set of key 2 on shard 1.
-    let set_again = set_command(machine, 1, ms(20));
+    assert_eq!(take_and_apply(machine, &inbox, &mut ctx), 1);
+    // The actor's next take goes through shard 0; then one thread sets key 1 again there,
+    // and another, having seen it return, removes key 1 and sets key 2 on shard 1, which the
+    // take goes through next.
+    let mut batch = VecDeque::new();
+    machine.merge.take_one(&inbox, 0);
+    send(0, set_command(machine, 1, ms(20)));
     let remove = KeyedCommand::Remove {
         key: 1,
         seq: count_sent(machine, 1),
     };
-    let elsewhere = set_command(machine, 2, ms(30));
-    // The actor takes shard 0 before the set reaches it; shard 1 has the rest.
     send(1, remove);
-    send(1, elsewhere);
-    machine.take(&inbox, &mut batch);
+    send(1, set_command(machine, 2, ms(30)));
+    machine.merge.take_one(&inbox, 1);
+    assert!(!machine.refill(&inbox, &mut batch));
     assert!(
-        batch.is_empty(),
+        machine.waiting(),
         "the remove waits for the set, the set of key 2 behind it"
     );
-    assert!(machine.waiting());
     machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
     assert_eq!(
         fired(&mut bench.expired),
         None,
         "fired past a waiting remove"
     );
-    send(0, set_again);
-    machine.take(&inbox, &mut batch);
+    // The set again (replacing: one inserted, one cancelled), the remove, the set of key 2.
+    assert_eq!(take_and_apply(machine, &inbox, &mut ctx), 4);
     assert!(!machine.waiting());
-    assert_eq!(batch.len(), 3);
-    for command in batch.drain(..) {
-        machine.apply(command, &mut ctx);
-    }
     machine.fire(ms(25) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
     assert_eq!(
         fired(&mut bench.expired),
@@ -258,4 +253,25 @@ async fn a_command_taken_before_an_earlier_one_waits_for_it() {
     assert_eq!(machine.index.len, 1, "key 1 removed, key 2 set");
     machine.fire(ms(30) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
     assert_eq!(fired(&mut bench.expired), Some(ms(30)));
+}
+
+/// One actor turn's take and apply, by hand; returns how many entries it inserted or
+/// cancelled (commands that wait in the merge do nothing yet).
+fn take_and_apply(
+    machine: &mut KeyedMachine<u32, u32>,
+    inbox: &Inbox<KeyedCommand<u32, u32>>,
+    ctx: &mut Ctx<'_>,
+) -> u64 {
+    let before = ctx.delta.inserted + ctx.delta.cancelled;
+    let mut batch = VecDeque::new();
+    machine.take(inbox, &mut batch);
+    loop {
+        while let Some(command) = batch.pop_front() {
+            machine.apply(command, ctx);
+        }
+        if !machine.refill(inbox, &mut batch) {
+            break;
+        }
+    }
+    ctx.delta.inserted + ctx.delta.cancelled - before
 }
