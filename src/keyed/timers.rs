@@ -16,9 +16,16 @@ use super::handle::KeyedTimer;
 use super::set::{Set, by};
 /// Sets, moves and removes keyed timers; made by [`Wheel::keyed`](crate::Wheel::keyed).
 ///
-/// `Clone + Send + Sync`; commands from one handle take effect in the order they were made.
+/// `Clone + Send + Sync`; commands from one handle take effect in the order they were made,
+/// and so do commands on one key from any handles: one made after another returned (on any
+/// thread, through any clone or [`KeyedTimer`]) takes effect after it. [`len`](Self::len) and
+/// [`drain`](Self::drain) see every command made before them and none made after.
 /// Once the wheel has stopped, `set` is refused silently and `take`, `drain` and `len` answer
 /// empty at once.
+///
+/// Each thread queues its commands apart (no lock is shared between threads), and the set's
+/// actor puts them back in that order: many tasks can set and remove keys at once at little
+/// more than one task's cost per command.
 pub struct Timers<K, V> {
     pub(super) set: Arc<Set<K, V>>,
 }
