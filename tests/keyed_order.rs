@@ -7,6 +7,8 @@
 //! leaves nothing, a `set` made after a `drain` survives it, a `len` made after sets counts
 //! them.
 
+mod support;
+
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -15,17 +17,9 @@ use tokio_wheel::Wheel;
 
 const KEYS: u64 = 20_000;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn a_remove_made_on_another_thread_after_the_set_always_wins() {
-    let runtime = runtime();
+    let runtime = support::two_workers();
     let wheel = runtime.block_on(async { Wheel::new() });
     let (timers, mut expired) = runtime.block_on(async { wheel.keyed::<u64, u64>() });
     let (handed, received) = mpsc::channel::<u64>();
@@ -61,7 +55,7 @@ fn a_remove_made_on_another_thread_after_the_set_always_wins() {
 
 #[test]
 fn set_reset_and_take_across_threads_keep_their_order() {
-    let runtime = runtime();
+    let runtime = support::two_workers();
     let wheel = runtime.block_on(async { Wheel::new() });
     let (timers, _expired) = runtime.block_on(async { wheel.keyed::<u64, u64>() });
     // Three threads in a pipeline: set (value 1) → set again (value 2) and reset far → take.
@@ -110,7 +104,7 @@ fn set_reset_and_take_across_threads_keep_their_order() {
 
 #[test]
 fn a_drain_and_a_len_see_exactly_what_was_made_before_them() {
-    let runtime = runtime();
+    let runtime = support::two_workers();
     let wheel = runtime.block_on(async { Wheel::new() });
     let (timers, _expired) = runtime.block_on(async { wheel.keyed::<u64, u64>() });
     for round in 0..20u64 {

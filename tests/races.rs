@@ -2,6 +2,8 @@
 //! fire. Each must have exactly one outcome — never both, never neither. Delays and race
 //! offsets come from proptest, so every run walks many different interleavings.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -10,14 +12,6 @@ use futures::StreamExt;
 use proptest::prelude::*;
 use tokio::time::Instant;
 use tokio_wheel::{JobError, Wheel};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Waits about `micros` µs by spinning with yields, so the race lands near the deadline with
 /// finer grain than a timer allows.
@@ -33,7 +27,7 @@ proptest! {
 
     #[test]
     fn cancel_racing_a_job_start_has_exactly_one_outcome(delay_us in 500u64..3_000, offset_us in 0u64..3_000) {
-        let runtime = runtime();
+        let runtime = support::two_workers();
         runtime.block_on(async {
             let wheel = Wheel::new();
             let handles: Vec<_> = (0..32).map(|_| {
@@ -67,7 +61,7 @@ proptest! {
 
     #[test]
     fn a_reset_racing_the_fire_always_waits_for_the_new_deadline(delay_us in 500u64..3_000, offset_us in 0u64..3_000) {
-        let runtime = runtime();
+        let runtime = support::two_workers();
         runtime.block_on(async {
             let wheel = Wheel::new();
             let tasks: Vec<_> = (0..32).map(|_| {
@@ -91,7 +85,7 @@ proptest! {
 
     #[test]
     fn take_racing_an_expiry_has_exactly_one_outcome(delay_us in 500u64..3_000, offset_us in 0u64..3_000) {
-        let runtime = runtime();
+        let runtime = support::two_workers();
         runtime.block_on(async {
             let wheel = Wheel::new();
             let (timers, mut expired) = wheel.keyed::<u32, u32>();
@@ -121,7 +115,7 @@ proptest! {
 
     #[test]
     fn a_by_key_reset_made_before_the_deadline_always_wins(delay_us in 500u64..3_000, offset_us in 0u64..3_000) {
-        let runtime = runtime();
+        let runtime = support::two_workers();
         runtime.block_on(async {
             let wheel = Wheel::new();
             let (timers, mut expired) = wheel.keyed::<u32, u32>();
@@ -156,7 +150,7 @@ proptest! {
 
 #[test]
 fn a_sleep_dropped_as_it_fires_is_counted_once() {
-    runtime().block_on(async {
+    support::two_workers().block_on(async {
         let wheel = Wheel::new();
         for round in 0..200u64 {
             let mut sleep = Box::pin(wheel.sleep(Duration::from_micros(500 + round % 7 * 100)));

@@ -270,16 +270,9 @@ impl<C> Inbox<C> {
         urgency: Urgency,
         make: impl FnOnce() -> C,
     ) -> bool {
-        let mut state = self.lock(shard);
-        if state.stopped {
-            return false;
-        }
-        let (_, notify) = self.push(&mut state, make(), urgency);
-        drop(state);
-        if notify {
-            self.wake.notify_one();
-        }
-        true
+        // The guard goes at the end of the statement: the notification comes after it.
+        let queued = self.queue_made(&mut self.lock(shard), urgency, make);
+        self.notify_if(queued)
     }
 
     /// [`send_made`](Self::send_made), calling `make` with every shard locked: what it counts
@@ -293,16 +286,28 @@ impl<C> Inbox<C> {
     ) -> bool {
         // In shard order, as everyone who takes more than one lock (`release_segments`).
         let mut states: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
-        let state = &mut states[shard];
-        if state.stopped {
-            return false;
-        }
-        let (_, notify) = self.push(state, make(), urgency);
+        let queued = self.queue_made(&mut states[shard], urgency, make);
         drop(states);
-        if notify {
+        self.notify_if(queued)
+    }
+
+    /// Queues what `make` builds into a locked shard, unless the actor has stopped; returns
+    /// whether it did, and if so whether the actor must be notified.
+    fn queue_made(
+        &self,
+        state: &mut Shard<C>,
+        urgency: Urgency,
+        make: impl FnOnce() -> C,
+    ) -> Option<bool> {
+        (!state.stopped).then(|| self.push(state, make(), urgency).1)
+    }
+
+    /// Notifies the actor if a send (its shard's lock let go) asks for it; whether it queued.
+    fn notify_if(&self, queued: Option<bool>) -> bool {
+        if queued == Some(true) {
             self.wake.notify_one();
         }
-        true
+        queued.is_some()
     }
 
     /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or

@@ -15,6 +15,15 @@ pub async fn settle() {
     }
 }
 
+/// A multi-thread runtime with two workers (this machine class's cores), timers enabled.
+pub fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Polls a future once with a no-op waker.
 pub fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
     let mut future = pin!(future);

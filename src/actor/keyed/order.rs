@@ -203,14 +203,16 @@ fn take_turn(next: &mut [u32; STRIPES], place: Place<'_>) -> bool {
     its_turn
 }
 
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use crate::actor::inbox::Urgency;
+/// What the unit tests and the loom models share: named commands, and an actor's turn.
+#[cfg(test)]
+mod fixture {
+    use std::collections::VecDeque;
 
-    /// A command for the tests: a name and a place.
+    use super::*;
+
+    /// A command with a name and a place.
     #[derive(Debug)]
-    enum Command {
+    pub(super) enum Command {
         One(&'static str, Seq),
         Every(&'static str, Ordinals),
     }
@@ -224,11 +226,41 @@ mod tests {
         }
     }
 
-    fn name(command: &Command) -> &'static str {
+    pub(super) fn name(command: &Command) -> &'static str {
         match command {
             Command::One(name, _) | Command::Every(name, _) => name,
         }
     }
+
+    /// An actor's turn: takes the inbox in, then hands on (`limit` at a time) and "applies"
+    /// (counts in the ledger, names into `applied`) until nothing more comes.
+    pub(super) fn turn(
+        inbox: &Inbox<Command>,
+        merge: &mut Merge<Command>,
+        ledger: &Ledger,
+        limit: usize,
+        applied: &mut Vec<&'static str>,
+    ) {
+        merge.take(inbox);
+        let mut batch = VecDeque::new();
+        while merge.hand_on(&mut batch, limit, inbox, ledger) > 0 {
+            for command in batch.drain(..) {
+                match command.place() {
+                    Place::In(seq) => ledger.applied(seq.stripe()),
+                    Place::Everywhere(_) => ledger.applied_everywhere(),
+                    Place::Free => {}
+                }
+                applied.push(name(&command));
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::fixture::{Command, turn};
+    use super::*;
+    use crate::actor::inbox::Urgency;
 
     /// An inbox, its merge and a ledger, driven by hand as an actor would.
     struct Bench {
@@ -252,20 +284,15 @@ mod tests {
             assert!(self.inbox.send_made(shard, Urgency::Lazy, || command));
         }
 
-        /// A turn: take, then hand on and apply until nothing more comes.
+        /// A turn, handing on two commands at a time.
         fn turn(&mut self) {
-            self.merge.take(&self.inbox);
-            let mut batch = VecDeque::new();
-            while self.merge.hand_on(&mut batch, 2, &self.inbox, &self.ledger) > 0 {
-                for command in batch.drain(..) {
-                    match command.place() {
-                        Place::In(seq) => self.ledger.applied(seq.stripe()),
-                        Place::Everywhere(_) => self.ledger.applied_everywhere(),
-                        Place::Free => {}
-                    }
-                    self.applied.push(name(&command));
-                }
-            }
+            turn(
+                &self.inbox,
+                &mut self.merge,
+                &self.ledger,
+                2,
+                &mut self.applied,
+            );
         }
     }
 
@@ -365,36 +392,14 @@ mod tests {
 /// `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_model`.
 #[cfg(all(test, loom))]
 mod loom_model {
-    use std::collections::VecDeque;
 
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicBool, Ordering};
     use loom::thread;
 
+    use super::fixture::{Command, turn};
     use super::*;
-    use crate::actor::inbox::{Inbox, Urgency};
-    use crate::timer::keyed::Ledger;
-
-    #[derive(Debug)]
-    enum Command {
-        One(&'static str, Seq),
-        Every(&'static str, Ordinals),
-    }
-
-    impl Placed for Command {
-        fn place(&self) -> Place<'_> {
-            match self {
-                Command::One(_, seq) => Place::In(*seq),
-                Command::Every(_, ordinals) => Place::Everywhere(ordinals),
-            }
-        }
-    }
-
-    fn name(command: &Command) -> &'static str {
-        match command {
-            Command::One(name, _) | Command::Every(name, _) => name,
-        }
-    }
+    use crate::actor::inbox::Urgency;
 
     /// Thread A sends `x` (stripe 0) then `z` (stripe 1) into shard `a_shard`, then flags it;
     /// thread B, on the other shard, sends the command `make` builds and says whether it saw
@@ -437,31 +442,15 @@ mod loom_model {
                 })
             };
             let mut merge = Merge::new(2);
-            let mut out = VecDeque::new();
-            // One actor turn: take, then hand on and apply until nothing more comes.
-            let turn = |merge: &mut Merge<Command>, out: &mut VecDeque<Command>| {
-                merge.take(&inbox);
-                let mut batch = VecDeque::new();
-                while merge.hand_on(&mut batch, usize::MAX, &inbox, &ledger) > 0 {
-                    for command in batch.drain(..) {
-                        match command.place() {
-                            Place::In(seq) => ledger.applied(seq.stripe()),
-                            Place::Everywhere(_) => ledger.applied_everywhere(),
-                            Place::Free => {}
-                        }
-                        out.push_back(command);
-                    }
-                }
-            };
-            turn(&mut merge, &mut out);
+            let mut names = Vec::new();
+            turn(&inbox, &mut merge, &ledger, usize::MAX, &mut names);
             let after = b.join().unwrap();
             a.join().unwrap();
-            turn(&mut merge, &mut out);
+            turn(&inbox, &mut merge, &ledger, usize::MAX, &mut names);
             assert!(
                 !merge.waiting(),
                 "a command waits after every send returned"
             );
-            let names: Vec<_> = out.iter().map(name).collect();
             assert_eq!(names.len(), 3, "a command was lost: {names:?}");
             check(after, &names);
         });
