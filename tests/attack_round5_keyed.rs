@@ -165,7 +165,11 @@ fn a_task_moving_between_workers_keeps_its_commands_in_order() {
             }
         }
         let survivors = keys().filter(|(_, i)| i % 3 == 1).count();
-        assert_eq!(timers.len().await, survivors, "a remove or set out of order");
+        assert_eq!(
+            timers.len().await,
+            survivors,
+            "a remove or set out of order"
+        );
         for (k, i) in keys() {
             let taken = timers.take(&k).await;
             match i % 3 {
@@ -328,10 +332,18 @@ fn hand_offs_through_a_mutex_keep_set_set_take_in_order() {
     let taken = taker.join().unwrap();
     assert_eq!(taken.len() as u64, keys / 2);
     for (k, value) in taken {
-        assert_eq!(value, Some(2), "key {k}: a take did not see the set made before it");
+        assert_eq!(
+            value,
+            Some(2),
+            "key {k}: a take did not see the set made before it"
+        );
     }
     runtime.block_on(async {
-        assert_eq!(timers.len().await, 0, "a remove applied before a set made before it");
+        assert_eq!(
+            timers.len().await,
+            0,
+            "a remove applied before a set made before it"
+        );
         tokio::time::sleep(ms(100)).await;
         drop(timers);
         let left: Vec<_> = read_until(&mut expired, |_| false).await;
@@ -361,7 +373,8 @@ fn take_racing_resets_from_other_threads_is_authoritative() {
             let (timers, handles, stop) = (timers.clone(), handles.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut step = r;
-                while !stop.load(Ordering::SeqCst) {
+                // Bounded too, so a take that never answers cannot flood memory.
+                while !stop.load(Ordering::SeqCst) && step < 400_000 {
                     let k = (step * 7_919) % keys;
                     let after = ms(1 + step % 25);
                     match step % 3 {
@@ -384,11 +397,18 @@ fn take_racing_resets_from_other_threads_is_authoritative() {
             (0..keys)
                 .rev()
                 .filter_map(|k| {
-                    let value = if k % 2 == 0 {
-                        handle.block_on(timers.take(&k))
-                    } else {
-                        handle.block_on(handles[k as usize].take())
-                    };
+                    let value = handle.block_on(async {
+                        let take = async {
+                            if k % 2 == 0 {
+                                timers.take(&k).await
+                            } else {
+                                handles[k as usize].take().await
+                            }
+                        };
+                        tokio::time::timeout(HANG, take)
+                            .await
+                            .unwrap_or_else(|_| panic!("take of key {k} never answered"))
+                    });
                     value.map(|v| {
                         assert_eq!(v, k);
                         k
@@ -799,9 +819,15 @@ fn shutdown_while_threads_set_and_remove_delivers_each_entry_made_before_it_once
         for (k, must) in made {
             let n = arrived.get(&k).copied().unwrap_or(0);
             if must {
-                assert_eq!(n, 1, "round {round}: key {k} set before shutdown() was lost");
+                assert_eq!(
+                    n, 1,
+                    "round {round}: key {k} set before shutdown() was lost"
+                );
             } else {
-                assert_eq!(n, 0, "round {round}: key {k} removed before shutdown() arrived");
+                assert_eq!(
+                    n, 0,
+                    "round {round}: key {k} removed before shutdown() arrived"
+                );
             }
         }
     }
