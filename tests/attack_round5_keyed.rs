@@ -890,3 +890,59 @@ fn stats_add_up_after_a_flood_from_eight_threads() {
         "{stats:?}"
     );
 }
+
+/// Finding (round 5): two threads flooding by-key and handle resets, unpaced, while a third
+/// takes keys one by one. A take made while the flood runs must still be answered (it queues
+/// behind a bounded backlog: what was made before it). Seen instead: not even the first 100 of
+/// 2 000 takes answered within 25–40 s, while the process grew to 15 GB; with the same
+/// flood paced (the test above) or with one more comparison in the resetters' loop condition,
+/// the takes answer in milliseconds. The flood runs at most 20 s here, so memory stays bounded.
+#[test]
+#[ignore = "finding: takes from one thread go unanswered while two threads flood resets"]
+fn takes_are_answered_while_other_threads_flood_resets() {
+    let keys = 2_000u64;
+    let runtime = runtime();
+    let wheel = runtime.block_on(async { Wheel::new() });
+    let (timers, _expired) = runtime.block_on(async { wheel.keyed::<u64, u64>() });
+    let handles: Arc<Vec<_>> = Arc::new((0..keys).map(|k| timers.insert(k, k, HOUR)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let resetters: Vec<_> = (0..2u64)
+        .map(|r| {
+            let (timers, handles, stop) = (timers.clone(), handles.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut step = r;
+                while !stop.load(Ordering::SeqCst) {
+                    let k = (step * 7_919) % keys;
+                    match step % 3 {
+                        0 => timers.reset(&k, HOUR),
+                        1 => handles[k as usize].reset(HOUR),
+                        _ => handles[k as usize].reset_at(Instant::now() + HOUR),
+                    }
+                    step += 2;
+                }
+            })
+        })
+        .collect();
+    let taker = {
+        let (timers, handle) = (timers.clone(), runtime.handle().clone());
+        std::thread::spawn(move || {
+            for k in 0..keys {
+                assert_eq!(handle.block_on(timers.take(&k)), Some(k));
+            }
+        })
+    };
+    let flood_ends = std::time::Instant::now() + Duration::from_secs(20);
+    while !taker.is_finished() && std::time::Instant::now() < flood_ends {
+        std::thread::sleep(ms(10));
+    }
+    let answered_during_flood = taker.is_finished();
+    stop.store(true, Ordering::SeqCst);
+    for resetter in resetters {
+        resetter.join().unwrap();
+    }
+    assert!(
+        answered_during_flood,
+        "takes went unanswered for 20 s while other threads flooded resets"
+    );
+    taker.join().unwrap();
+}
