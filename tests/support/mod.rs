@@ -24,6 +24,23 @@ pub fn two_workers() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The wheel's stats once `done` says they show what the test did, or after 5 s: an actor
+/// publishes its counters at the end of its turn, so a `take` or `len` answered during the
+/// turn can come a moment before them.
+pub fn stats_once(
+    wheel: &tokio_wheel::Wheel,
+    done: impl Fn(&tokio_wheel::Stats) -> bool,
+) -> tokio_wheel::Stats {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let stats = wheel.stats();
+        if done(&stats) || std::time::Instant::now() > until {
+            return stats;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Polls a future once with a no-op waker.
 pub fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
     let mut future = pin!(future);

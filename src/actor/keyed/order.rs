@@ -28,6 +28,9 @@ use std::collections::VecDeque;
 use super::super::inbox::Inbox;
 use crate::timer::keyed::{Ledger, Ordinals, STRIPES, Seq};
 
+/// Commands a shard hands on before the next shard's turn, in a checked hand-on.
+const QUANTUM: usize = 256;
+
 /// Where a command stands in the set's order.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Place<'a> {
@@ -116,16 +119,19 @@ impl<C: Placed> Merge<C> {
     }
 
     /// Checks each command's turn against `next`, shard by shard, moving runs whose turn has
-    /// come.
+    /// come. Shards take turns a [`QUANTUM`] at a time: a shard with a long queue must not
+    /// starve the others (a command of one waits for its stripe's earlier commands in another,
+    /// and a flooding thread would keep the one it floods ahead for good).
     fn hand_on_checked(&mut self, into: &mut VecDeque<C>, limit: usize) -> usize {
         let mut total = 0;
         loop {
             let mut moved = 0;
             for shard in self.shards.iter_mut() {
                 // The run of commands whose turn has come, moved at once.
+                let room = limit.saturating_sub(total + moved).clamp(1, QUANTUM);
                 let run = shard
                     .iter()
-                    .take(limit.saturating_sub(total + moved).max(1))
+                    .take(room)
                     .take_while(|command| take_turn(&mut self.next, command.place()))
                     .count();
                 into.extend(shard.drain(..run));
@@ -258,7 +264,7 @@ mod fixture {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::fixture::{Command, turn};
+    use super::fixture::{Command, name, turn};
     use super::*;
     use crate::actor::inbox::Urgency;
 
@@ -336,6 +342,29 @@ mod tests {
         bench.queue(3, Command::One("late", late));
         bench.turn();
         assert_eq!(bench.applied, ["x", "y", "z", "other", "late"]);
+    }
+
+    /// A flooding thread's shard must not starve the others: one hand-on moves a fair share
+    /// from every shard whose commands are due, however long the first one's queue.
+    #[test]
+    fn a_long_queue_does_not_starve_the_other_shards() {
+        let mut bench = Bench::new(2);
+        for _ in 0..4 * QUANTUM {
+            let seq = bench.ledger.sending(1);
+            bench.queue(0, Command::One("flood", seq));
+        }
+        for _ in 0..QUANTUM {
+            let seq = bench.ledger.sending(2);
+            bench.queue(1, Command::One("other", seq));
+        }
+        bench.merge.take(&bench.inbox);
+        let mut batch = VecDeque::new();
+        let handed = bench
+            .merge
+            .hand_on(&mut batch, 2 * QUANTUM, &bench.inbox, &bench.ledger);
+        assert_eq!(handed, 2 * QUANTUM);
+        let others = batch.iter().filter(|c| name(c) == "other").count();
+        assert_eq!(others, QUANTUM, "the second shard got {others} of {handed}");
     }
 
     /// The actor takes shard 0, then one thread queues `first` there and another, having seen
