@@ -10,59 +10,15 @@
 
 mod support;
 
+use support::round5::*;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::time::Instant;
-use tokio_wheel::{Expirations, Expired, Wheel};
-
-const HOUR: Duration = Duration::from_secs(3_600);
-/// Only a hang guard: every wait here is over long before it.
-const HANG: Duration = Duration::from_secs(30);
-
-fn full() -> bool {
-    std::env::var_os("TOKIO_WHEEL_FULL").is_some()
-}
-
-/// `small` by default, `big` with `TOKIO_WHEEL_FULL=1`.
-fn scale(small: u64, big: u64) -> u64 {
-    if full() { big } else { small }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// Reads the stream until `done` says enough arrived (or it ends); each item with the moment
-/// it was read.
-async fn read_until(
-    expired: &mut Expirations<u64, u64>,
-    mut done: impl FnMut(&[(Expired<u64, u64>, Instant)]) -> bool,
-) -> Vec<(Expired<u64, u64>, Instant)> {
-    let mut got = Vec::new();
-    tokio::time::timeout(HANG, async {
-        while !done(&got) {
-            match expired.next().await {
-                Some(e) => got.push((e, Instant::now())),
-                None => break,
-            }
-        }
-    })
-    .await
-    .expect("the stream stalled");
-    got
-}
+use tokio_wheel::Wheel;
 
 // ───────────── take is authoritative against resets from other threads ─────────────
 
