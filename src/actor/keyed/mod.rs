@@ -35,7 +35,7 @@ mod order;
 mod tables;
 
 use self::index::{Found, Index};
-use self::order::{Merge, Place, Placed};
+use self::order::{Counted, Merge, Place, Placed};
 use self::tables::{CHUNK, Chunk, Due, Entries, Entry, Words, due_at};
 use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
@@ -380,18 +380,10 @@ where
 
     /// Applies `command`, whose turn has come.
     fn apply_one(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {
-        let count = match command.place() {
-            Place::Free => None,
-            Place::In(seq) => Some(Some(seq.stripe())),
-            Place::Everywhere(_) => Some(None),
-        };
+        let counted = Counted::of(command.place());
         self.act(command, ctx);
         // Published once its effect on any word is done.
-        match count {
-            None => {}
-            Some(Some(stripe)) => self.ledger.applied(stripe),
-            Some(None) => self.ledger.applied_everywhere(),
-        }
+        counted.applied(&self.ledger);
     }
 
     fn act(&mut self, command: KeyedCommand<K, V>, ctx: &mut Ctx<'_>) {

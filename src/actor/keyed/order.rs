@@ -42,6 +42,33 @@ pub(crate) enum Place<'a> {
     Everywhere(&'a Ordinals),
 }
 
+/// What applying a command counts in the ledger, read from its place before the command goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Counted {
+    Not,
+    In(usize),
+    Everywhere,
+}
+
+impl Counted {
+    pub(crate) fn of(place: Place<'_>) -> Self {
+        match place {
+            Place::Free => Counted::Not,
+            Place::In(seq) => Counted::In(seq.stripe()),
+            Place::Everywhere(_) => Counted::Everywhere,
+        }
+    }
+
+    /// Counts the command applied; what it did to words is published with the count.
+    pub(crate) fn applied(self, ledger: &Ledger) {
+        match self {
+            Counted::Not => {}
+            Counted::In(stripe) => ledger.applied(stripe),
+            Counted::Everywhere => ledger.applied_everywhere(),
+        }
+    }
+}
+
 /// A command that knows its place.
 pub(crate) trait Placed {
     fn place(&self) -> Place<'_>;
@@ -251,11 +278,7 @@ mod fixture {
         let mut batch = VecDeque::new();
         while merge.hand_on(&mut batch, limit, inbox, ledger) > 0 {
             for command in batch.drain(..) {
-                match command.place() {
-                    Place::In(seq) => ledger.applied(seq.stripe()),
-                    Place::Everywhere(_) => ledger.applied_everywhere(),
-                    Place::Free => {}
-                }
+                Counted::of(command.place()).applied(ledger);
                 applied.push(name(&command));
             }
         }
