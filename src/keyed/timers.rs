@@ -67,11 +67,7 @@ where
 
     /// The ledger stripe of commands on `key`.
     fn stripe(&self, key: &K) -> usize {
-        self.stripe_of(self.hash(key))
-    }
-
-    fn stripe_of(&self, hash: u64) -> usize {
-        Ledger::stripe(hash)
+        Ledger::stripe(self.hash(key))
     }
 
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
@@ -87,14 +83,14 @@ where
     }
 
     fn set_offset(&self, key: K, value: V, deadline: i64) {
-        let hash = self.hash(&key);
+        let stripe = self.stripe(&key);
         let set = |seq| KeyedCommand::Set {
             key,
             value,
             deadline,
             seq,
         };
-        self.set.send(self.stripe_of(hash), by(deadline), set);
+        self.set.send(stripe, by(deadline), set);
     }
 
     /// [`set`](Self::set) that also returns a [`KeyedTimer`]: a handle to this entry, for the
