@@ -91,6 +91,8 @@
 #![doc(test(attr(deny(warnings), allow(dead_code))))]
 
 mod actor;
+#[cfg(feature = "axum")]
+pub mod axum;
 mod builder;
 mod error;
 mod handle;

@@ -1,5 +1,6 @@
-//! A request deadline as a tower layer (feature `tower`): [`TimeoutLayer`] and its service
-//! [`Timeout`], with tower's own timeout contract, on the wheel.
+//! tower layers on the wheel (feature `tower`): [`TimeoutLayer`], a request deadline with
+//! tower's own timeout contract, and — with feature `hyper` too — [`BusyLayer`], which holds
+//! an [`IdleIo`](crate::hyper::IdleIo) connection busy while each request is in progress.
 //!
 //! ```
 //! use std::time::Duration;
@@ -42,6 +43,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::{Elapsed, Wheel};
+
+#[cfg(feature = "hyper")]
+mod busy;
+#[cfg(feature = "hyper")]
+pub use busy::{BusyBody, BusyFuture, BusyLayer, BusyService};
 
 /// A type-erased error, as tower's middleware returns: the same type as `tower::BoxError`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

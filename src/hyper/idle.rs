@@ -5,7 +5,7 @@ use std::fmt;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
@@ -156,25 +156,30 @@ pub struct Busy {
     idle: Arc<Idle>,
 }
 
-/// What an `IdleIo` and its handles share.
+/// What an `IdleIo` and its handles share: kept small, one per connection.
 struct Idle {
-    wheel: Wheel,
     timeout: Duration,
     /// Activity is stored as nanoseconds since this instant.
     origin: Instant,
     /// The last traffic, in nanoseconds since `origin`: only ever moves forward.
     last_activity: AtomicU64,
-    /// Live [`Busy`] guards.
-    busy: AtomicUsize,
-    /// Set by an IO that found the connection busy with its timer spent (or unusable: a zero
-    /// timeout, a stopped wheel): the last guard to drop must wake it.
-    parked: AtomicBool,
-    /// Set once the IO closed the connection.
-    closed: AtomicBool,
+    /// Live [`Busy`] guards (the low 32 bits) and the flags below, in one word: a guard's
+    /// release and the IO's decision to park are ordered by it, with no fence.
+    status: AtomicU64,
     /// The tasks waiting on a read and on a write (or flush); the wheel timer wakes both.
     read: AtomicWaker,
     write: AtomicWaker,
 }
+
+const BUSY: u64 = u32::MAX as u64;
+/// Set by an IO that found the connection busy with its timer spent (or unusable: a zero
+/// timeout, a stopped wheel): the last guard to drop must wake it.
+const PARKED: u64 = 1 << 32;
+/// Set once the IO closed the connection.
+const CLOSED: u64 = 1 << 33;
+/// Set when the wheel timer woke the IO: only then does the IO poll the timer again, so a
+/// read or write that would wait costs no clock read and no timer poll.
+const TIMER_WOKE: u64 = 1 << 34;
 
 /// Why an `IdleIo` closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,9 +201,9 @@ impl Closed {
 /// The non-IO half of an `IdleIo`: the wheel timer and the decision to close.
 struct Watch {
     idle: Arc<Idle>,
-    /// Wakes whoever waits on a read or a write: what the wheel timer is polled with.
-    waker: Waker,
-    /// Armed the first time the IO waits.
+    wheel: Wheel,
+    /// Armed the first time the IO waits; polled with a waker made of `idle` (which wakes
+    /// both directions), and only when that waker fired.
     sleep: Option<Sleep>,
     closed: Option<Closed>,
 }
@@ -215,13 +220,12 @@ impl Idle {
             .fetch_max(self.now_nanos(), Ordering::Relaxed);
     }
 
-    /// When the connection may close if nothing moves after the traffic at `last`.
-    fn deadline_after(&self, last: u64) -> Instant {
+    /// When the connection may close if nothing moves after the traffic at `last`; `None`
+    /// past the clock's range (never).
+    fn deadline_after(&self, last: u64) -> Option<Instant> {
         self.origin
             .checked_add(Duration::from_nanos(last))
             .and_then(|at| at.checked_add(self.timeout))
-            // Past the clock's range: the wheel's saturated far future, which never comes.
-            .unwrap_or_else(|| self.wheel.sleep(Duration::MAX).deadline())
     }
 }
 
@@ -231,6 +235,7 @@ impl Wake for Idle {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.status.fetch_or(TIMER_WOKE, Ordering::AcqRel);
         self.read.wake();
         self.write.wake();
     }
@@ -247,32 +252,48 @@ impl Watch {
     /// while busy, with the last guard's drop set to wake it).
     fn poll_idle(&mut self) -> Poll<io::Error> {
         let idle = &*self.idle;
-        let mut cx = Context::from_waker(&self.waker);
+        if self.sleep.is_some() && idle.status.load(Ordering::Acquire) & TIMER_WOKE == 0 {
+            // Armed, polled, and not woken since: nothing to look at.
+            return Poll::Pending;
+        }
+        idle.status.fetch_and(!TIMER_WOKE, Ordering::AcqRel);
+        let waker = Waker::from(self.idle.clone());
+        let mut cx = Context::from_waker(&waker);
         let why = loop {
             let sleep = match &mut self.sleep {
                 Some(sleep) => sleep,
                 None => {
                     let last = idle.last_activity.load(Ordering::Relaxed);
-                    self.sleep
-                        .insert(idle.wheel.sleep_until(idle.deadline_after(last)))
+                    let sleep = match idle.deadline_after(last) {
+                        Some(deadline) => self.wheel.sleep_until(deadline),
+                        // The wheel's saturated far future, which never comes.
+                        None => self.wheel.sleep(Duration::MAX),
+                    };
+                    self.sleep.insert(sleep)
                 }
             };
             if Pin::new(&mut *sleep).poll(&mut cx).is_pending() {
                 return Poll::Pending;
             }
             // The timer is spent: its deadline passed, or the wheel stopped. Park before
-            // looking at `busy`, so a guard dropping meanwhile sees the flag and wakes us.
-            idle.parked.store(true, Ordering::SeqCst);
-            if idle.busy.load(Ordering::SeqCst) > 0 {
+            // looking at the guards, in the same word, so the last guard's release sees the
+            // flag and wakes us.
+            let status = idle.status.fetch_or(PARKED, Ordering::AcqRel);
+            if status & BUSY > 0 {
                 return Poll::Pending;
             }
-            idle.parked.store(false, Ordering::Relaxed);
-            if idle.wheel.is_shutdown() {
+            idle.status.fetch_and(!PARKED, Ordering::Relaxed);
+            if self.wheel.is_shutdown() {
                 break Closed::Shutdown;
             }
             let now = Instant::now();
-            // Read after `busy` (SeqCst): a guard's last touch is visible.
-            let deadline = idle.deadline_after(idle.last_activity.load(Ordering::Relaxed));
+            // Read after the status (acquire): a guard's last touch is visible.
+            let Some(deadline) = idle.deadline_after(idle.last_activity.load(Ordering::Relaxed))
+            else {
+                // Traffic so late that its deadline is past the clock's range: never.
+                Pin::new(sleep).reset(self.wheel.sleep(Duration::MAX).deadline());
+                continue;
+            };
             if deadline <= now {
                 break Closed::Idle;
             }
@@ -284,7 +305,7 @@ impl Watch {
 
     fn close(&mut self, why: Closed) -> io::Error {
         self.closed = Some(why);
-        self.idle.closed.store(true, Ordering::Relaxed);
+        self.idle.status.fetch_or(CLOSED, Ordering::Relaxed);
         self.sleep = None;
         // A read or write waiting in another task (a split IO) learns at once.
         self.idle.read.wake();
@@ -301,26 +322,20 @@ impl<T> IdleIo<T> {
     /// The countdown starts now: a connection that never sends a byte is closed `timeout`
     /// after this call (once it is read from).
     pub fn new(io: T, wheel: &Wheel, timeout: Duration) -> IdleIo<T> {
+        let closed = wheel.is_shutdown().then_some(Closed::Shutdown);
         let idle = Arc::new(Idle {
-            wheel: wheel.clone(),
             timeout,
             origin: Instant::now(),
             last_activity: AtomicU64::new(0),
-            busy: AtomicUsize::new(0),
-            parked: AtomicBool::new(false),
-            closed: AtomicBool::new(wheel.is_shutdown()),
+            status: AtomicU64::new(if closed.is_some() { CLOSED } else { 0 }),
             read: AtomicWaker::new(),
             write: AtomicWaker::new(),
         });
-        let closed = idle
-            .closed
-            .load(Ordering::Relaxed)
-            .then_some(Closed::Shutdown);
         IdleIo {
             io,
             watch: Watch {
-                waker: Waker::from(idle.clone()),
                 idle,
+                wheel: wheel.clone(),
                 sleep: None,
                 closed,
             },
@@ -463,7 +478,7 @@ impl IdleHandle {
     /// connection is not closed for idleness. The countdown restarts when the last guard
     /// drops. Costs one atomic increment (and, at drop, a clock read and two atomics).
     pub fn busy(&self) -> Busy {
-        self.idle.busy.fetch_add(1, Ordering::SeqCst);
+        self.idle.status.fetch_add(1, Ordering::AcqRel);
         Busy {
             idle: self.idle.clone(),
         }
@@ -483,17 +498,26 @@ impl IdleHandle {
     /// opposed to the connection ending any other way. hyper reports a keep-alive connection
     /// that ends between requests as a clean end (`Ok`), whatever the IO said; this tells.
     pub fn is_closed(&self) -> bool {
-        self.idle.closed.load(Ordering::Relaxed)
+        self.idle.status.load(Ordering::Relaxed) & CLOSED != 0
+    }
+
+    /// How many [`Busy`] guards are alive now: requests in progress on the connection.
+    pub fn busy_count(&self) -> usize {
+        (self.idle.status.load(Ordering::Relaxed) & BUSY) as usize
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
         let idle = &*self.idle;
+        // Before the release: the IO that sees the count reach zero sees this traffic.
         idle.touch();
-        if idle.busy.fetch_sub(1, Ordering::SeqCst) == 1
-            && idle.parked.swap(false, Ordering::SeqCst)
+        let status = idle.status.fetch_sub(1, Ordering::AcqRel);
+        if status & BUSY == 1
+            && status & PARKED != 0
+            && idle.status.fetch_and(!PARKED, Ordering::AcqRel) & PARKED != 0
         {
+            // As the timer does: the IO looks at its spent timer again, and decides.
             self.idle.wake_by_ref();
         }
     }
@@ -504,7 +528,10 @@ impl<T: fmt::Debug> fmt::Debug for IdleIo<T> {
         f.debug_struct("IdleIo")
             .field("io", &self.io)
             .field("timeout", &self.watch.idle.timeout)
-            .field("busy", &self.watch.idle.busy.load(Ordering::Relaxed))
+            .field(
+                "busy",
+                &(self.watch.idle.status.load(Ordering::Relaxed) & BUSY),
+            )
             .field("closed", &self.watch.closed)
             .finish()
     }
@@ -514,7 +541,7 @@ impl fmt::Debug for IdleHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleHandle")
             .field("timeout", &self.idle.timeout)
-            .field("busy", &self.idle.busy.load(Ordering::Relaxed))
+            .field("busy", &self.busy_count())
             .finish()
     }
 }
