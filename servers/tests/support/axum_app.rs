@@ -141,6 +141,22 @@ impl Client {
         })
     }
 
+    /// Two requests at once on one h2c connection (two streams).
+    pub async fn get_both(
+        &mut self,
+        first: &str,
+        second: &str,
+    ) -> (Result<Answer, hyper::Error>, Result<Answer, hyper::Error>) {
+        let Sender::Two(sender) = &self.sender else {
+            panic!("two requests at once need h2");
+        };
+        let mut other = Client {
+            sender: Sender::Two(sender.clone()),
+            closed: None,
+        };
+        tokio::join!(self.get(first), other.get(second))
+    }
+
     /// Whether the server has closed the connection (without waiting).
     pub fn is_closed(&mut self) -> bool {
         match self.closed.as_mut() {
