@@ -1,17 +1,20 @@
 //! A real-server benchmark of idle-connection expiry in hyper 1: HTTP/1.1 keep-alive on
-//! loopback, N idle connections plus 64 busy ones, an idle timeout of 5 s, two servers:
+//! loopback, N idle connections plus 64 busy ones, an idle timeout of 5 s, these servers:
 //!
 //! - `tokio`: hyper-util's `TokioTimer` for hyper, and for idle expiry an IO wrapper holding a
 //!   tokio `Sleep` that it resets on every read or write that moves bytes (the usual way to
 //!   add the timeout hyper lacks);
-//! - `wheel`: `HyperTimer` for hyper and `IdleIo` for idle expiry, on one wheel.
+//! - `wheel`: `HyperTimer` for hyper and `IdleIo` for idle expiry, on one wheel;
+//! - `axum` (with `--variants`): plain `axum::serve`, no idle timeout at all;
+//! - `axum-wheel`: `axum::serve(IdleListener, busy_aware(app))` — what adding idle timeouts
+//!   costs an axum server, against `axum`.
 //!
 //! The server runs in a child process (this binary with `--server <variant>`), so its CPU
 //! and memory are its own: CPU under load is user + system time of all its threads from
 //! `/proc/<pid>/stat` (10 ms ticks, fine over seconds of load); idle CPU, a few milliseconds,
 //! is the sum of its threads' on-CPU nanoseconds from `/proc/<pid>/task/*/schedstat`; peak
 //! RSS is `VmHWM` from `/proc/<pid>/status`. The load generator runs in this process, on its
-//! own runtime (Linux only). Variants alternate (tokio, wheel, then wheel, tokio, ...),
+//! own runtime (Linux only). Variants take turns, each run starting with another one,
 //! `--runs` times each, each run in a fresh server process.
 //!
 //! Each run: the idle connections connect, all send one request at the same moment and then
@@ -25,6 +28,7 @@
 //! ```text
 //! cargo run --release -p tokio-wheel-servers --example hyper_bench -- [--runs 5] [--idle 10000]
 //!     [--secs 10] [--timeout-ms 5000] [--threads 2] [--no-header-timeout] [--quick]
+//!     [--variants tokio,wheel,axum,axum-wheel]
 //! ```
 //!
 //! hyper arms its header-read timeout (30 s by default once a timer is set) for every
@@ -37,27 +41,27 @@
 //! spreads the client ends over several loopback source addresses.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::io::{self, BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_wheel::Wheel;
+use tokio_wheel::axum::{IdleListener, busy_aware};
 use tokio_wheel::hyper::{HyperTimer, IdleIo};
+use tokio_wheel_servers::TokioIdle;
 
 const BUSY_CONNECTIONS: usize = 64;
 /// hyper's default once a timer is set; it arms one sleep per request on the server's timer.
@@ -68,14 +72,39 @@ const REQUEST: &[u8] = b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n";
 enum Variant {
     Tokio,
     Wheel,
+    /// Plain `axum::serve` (no idle timeout at all): what adding one costs an axum server.
+    Axum,
+    /// `axum::serve(IdleListener, busy_aware(app))`.
+    AxumWheel,
 }
 
 impl Variant {
+    const ALL: [Variant; 4] = [
+        Variant::Tokio,
+        Variant::Wheel,
+        Variant::Axum,
+        Variant::AxumWheel,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Variant::Tokio => "tokio",
             Variant::Wheel => "wheel",
+            Variant::Axum => "axum",
+            Variant::AxumWheel => "axum-wheel",
         }
+    }
+
+    fn parse(name: &str) -> Variant {
+        Variant::ALL
+            .into_iter()
+            .find(|variant| variant.name() == name)
+            .unwrap_or_else(|| panic!("unknown variant {name:?}"))
+    }
+
+    /// Whether the server closes idle connections (plain axum never does).
+    fn closes_idle(self) -> bool {
+        self != Variant::Axum
     }
 }
 
@@ -86,6 +115,7 @@ struct Options {
     timeout: Duration,
     /// Whether the server runs hyper's header-read timeout (a timer per request).
     header_read: bool,
+    variants: Vec<Variant>,
 }
 
 fn main() {
@@ -98,11 +128,7 @@ fn main() {
     };
     raise_fd_limit();
     if let Some(variant) = value("--server") {
-        let variant = if variant == "wheel" {
-            Variant::Wheel
-        } else {
-            Variant::Tokio
-        };
+        let variant = Variant::parse(&variant);
         let timeout = Duration::from_millis(value("--timeout-ms").unwrap().parse().unwrap());
         let threads = value("--threads").map_or(2, |t| t.parse().unwrap());
         let header_read = !args.iter().any(|arg| arg == "--no-header-timeout");
@@ -116,6 +142,7 @@ fn main() {
             secs: 2.0,
             timeout: Duration::from_secs(1),
             header_read: true,
+            variants: vec![Variant::Tokio, Variant::Wheel],
         }
     } else {
         Options {
@@ -124,6 +151,7 @@ fn main() {
             secs: 10.0,
             timeout: Duration::from_secs(5),
             header_read: true,
+            variants: vec![Variant::Tokio, Variant::Wheel],
         }
     };
     if let Some(runs) = value("--runs") {
@@ -139,6 +167,9 @@ fn main() {
         options.timeout = Duration::from_millis(ms.parse().expect("--timeout-ms MS"));
     }
     options.header_read = !args.iter().any(|arg| arg == "--no-header-timeout");
+    if let Some(variants) = value("--variants") {
+        options.variants = variants.split(',').map(Variant::parse).collect();
+    }
     let threads = value("--threads").unwrap_or_else(|| "2".into());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -162,6 +193,9 @@ fn run_server(variant: Variant, timeout: Duration, threads: usize, header_read: 
         println!("PORT {}", listener.local_addr().unwrap().port());
         let wheel = Wheel::new();
         let timer = HyperTimer::new(&wheel);
+        if matches!(variant, Variant::Axum | Variant::AxumWheel) {
+            return serve_axum(listener, variant, &wheel, timeout).await;
+        }
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
@@ -177,6 +211,7 @@ fn run_server(variant: Variant, timeout: Duration, threads: usize, header_read: 
                         .serve_connection(TokioIo::new(io), service);
                     tokio::spawn(connection);
                 }
+                Variant::Axum | Variant::AxumWheel => unreachable!(),
                 Variant::Wheel => {
                     let io = IdleIo::new(stream, &wheel, timeout);
                     let connection = http1::Builder::new()
@@ -188,6 +223,22 @@ fn run_server(variant: Variant, timeout: Duration, threads: usize, header_read: 
             }
         }
     });
+}
+
+/// Variants `axum` and `axum-wheel`: axum's own accept loop and hyper-util's auto builder
+/// (no header-read timeout: `axum::serve` sets no timer), `TCP_NODELAY` on both.
+async fn serve_axum(listener: TcpListener, variant: Variant, wheel: &Wheel, timeout: Duration) {
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let served = if variant == Variant::AxumWheel {
+        let listener = IdleListener::new(listener, wheel, timeout);
+        axum::serve(listener, busy_aware(app)).await
+    } else {
+        axum::serve(listener, app).await
+    };
+    served.unwrap();
 }
 
 /// A listener with a deep accept queue: thousands of idle connections arrive at once.
@@ -202,82 +253,6 @@ fn listen() -> TcpListener {
 
 async fn hello(_: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
-}
-
-/// Variant `tokio`'s idle expiry: a tokio `Sleep` reset on every read or write that moves
-/// bytes; a read or write that would wait past it answers `TimedOut`.
-struct TokioIdle {
-    io: TcpStream,
-    timeout: Duration,
-    sleep: Pin<Box<Sleep>>,
-}
-
-impl TokioIdle {
-    fn new(io: TcpStream, timeout: Duration) -> TokioIdle {
-        TokioIdle {
-            io,
-            timeout,
-            sleep: Box::pin(tokio::time::sleep(timeout)),
-        }
-    }
-
-    fn moved(&mut self) {
-        let deadline = Instant::now() + self.timeout;
-        self.sleep.as_mut().reset(deadline);
-    }
-
-    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.sleep.as_mut().poll(cx).is_ready()
-    }
-}
-
-fn timed_out() -> io::Error {
-    io::Error::new(io::ErrorKind::TimedOut, "idle")
-}
-
-impl AsyncRead for TokioIdle {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        match Pin::new(&mut this.io).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                this.moved();
-                Poll::Ready(Ok(()))
-            }
-            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
-            other => other,
-        }
-    }
-}
-
-impl AsyncWrite for TokioIdle {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) if n > 0 => {
-                this.moved();
-                Poll::Ready(Ok(n))
-            }
-            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
-            other => other,
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -476,8 +451,12 @@ async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResu
     let connecting = Arc::new(Semaphore::new(256));
     let (connected, mut established) = mpsc::unbounded_channel();
     let (go, ready) = watch::channel(false);
-    let limit =
-        options.timeout * 3 + Duration::from_secs_f64(options.secs) + Duration::from_secs(10);
+    let limit = if variant.closes_idle() {
+        options.timeout * 3 + Duration::from_secs_f64(options.secs) + Duration::from_secs(10)
+    } else {
+        // Nothing closes them: stop waiting when the load ends.
+        options.timeout + Duration::from_secs_f64(options.secs)
+    };
     let idle: Vec<_> = (0..options.idle)
         .map(|i| {
             let connected = connected.clone();
@@ -582,11 +561,10 @@ async fn orchestrate(options: Options, threads: String) {
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut results: Vec<(Variant, RunResult)> = Vec::new();
     for run in 0..options.runs {
-        let order = if run % 2 == 0 {
-            [Variant::Tokio, Variant::Wheel]
-        } else {
-            [Variant::Wheel, Variant::Tokio]
-        };
+        // Each run starts with another variant, so none always runs first.
+        let mut order = options.variants.clone();
+        let turn = run % order.len();
+        order.rotate_left(turn);
         for variant in order {
             let r = run_once(variant, &options, &threads).await;
             println!(
@@ -614,7 +592,7 @@ async fn orchestrate(options: Options, threads: String) {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut failed = false;
-    for variant in [Variant::Tokio, Variant::Wheel] {
+    for &variant in &options.variants {
         let of = || {
             results
                 .iter()
@@ -635,12 +613,12 @@ async fn orchestrate(options: Options, threads: String) {
             median(of().map(|r| r.lateness_p99_ms)),
             early,
         );
-        if early > 0 || never > 0 {
+        if early > 0 || (never > 0 && variant.closes_idle()) {
             eprintln!(
                 "{}: {early} early closes, {never} connections never closed",
                 variant.name()
             );
-            failed = failed || variant == Variant::Wheel;
+            failed = failed || matches!(variant, Variant::Wheel | Variant::AxumWheel);
         }
     }
     if failed {
