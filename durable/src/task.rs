@@ -117,7 +117,7 @@ pub(crate) fn epoch_ms(time: SystemTime) -> u64 {
 
 /// A delay in milliseconds, rounded up (never early) and saturating at [`MAX_DUE_MS`].
 pub(crate) fn delay_ms(delay: Duration) -> u64 {
-    let ms = delay.as_millis() + u128::from(delay.subsec_nanos() % 1_000_000 != 0);
+    let ms = delay.as_millis() + u128::from(!delay.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_DUE_MS)
 }
 

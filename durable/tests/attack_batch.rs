@@ -250,7 +250,7 @@ async fn batches_over_a_chunk_keep_every_payload_exactly(backend: Backend) {
     while seen.len() < n {
         let d = stream.next().await.unwrap();
         let i: usize = d.id().as_str()[1..].parse().unwrap();
-        let want = if i % 2 == 0 {
+        let want = if i.is_multiple_of(2) {
             Vec::new()
         } else {
             format!("n{i}").into_bytes()

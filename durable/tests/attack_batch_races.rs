@@ -80,7 +80,7 @@ async fn a_batch_racing_workers_delivers_each_once_never_early(backend: Backend)
                 let key = (d.id().to_string(), d.attempt());
                 *seen.lock().unwrap().entry(key).or_default() += 1;
                 let i: usize = d.id().as_str()[2..].parse().unwrap();
-                if d.attempt() == 1 && (i + w) % 5 == 0 {
+                if d.attempt() == 1 && (i + w).is_multiple_of(5) {
                     d.retry_after(Duration::from_millis(20)).await.unwrap();
                 } else {
                     d.ack().await.unwrap();

@@ -481,7 +481,7 @@ async fn dead_cursor_with_ties_in_time_of_death(backend: Backend) {
         moved.lock().unwrap().insert(last.to_string());
         let k = step.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         async move {
-            if k % 2 == 0 {
+            if k.is_multiple_of(2) {
                 assert!(queue.redrive(&last).await.unwrap());
             } else {
                 // Purging every dead letter but those not yet listed is not possible by

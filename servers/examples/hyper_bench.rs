@@ -357,11 +357,17 @@ struct IdleTimes {
     closed: Option<Instant>,
 }
 
+/// Server processes started so far.
+static SERVER_RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// A client socket; past ~25 000 connections, spread over several loopback sources (each
 /// source address has its own range of ephemeral ports).
 async fn connect(addr: SocketAddr, index: usize) -> io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
-    let source = Ipv4Addr::new(127, 0, 0, 2 + (index / 25_000) as u8);
+    // Each server run takes its sources from its own /24 of loopback: the ports a run leaves
+    // in TIME_WAIT (a minute) are not the next run's, however many variants take turns.
+    let run = SERVER_RUNS.load(std::sync::atomic::Ordering::Relaxed) as u8;
+    let source = Ipv4Addr::new(127, 1 + run, 0, 2 + (index / 25_000) as u8);
     socket.bind(SocketAddr::new(IpAddr::V4(source), 0))?;
     let stream = socket.connect(addr).await?;
     stream.set_nodelay(true)?;
@@ -444,6 +450,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResult {
+    SERVER_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let server = ServerProcess::start(variant, options, threads);
     let addr = server.addr;
 

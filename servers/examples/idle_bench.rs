@@ -50,7 +50,10 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
         // SAFETY: the caller's contract is passed on.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -218,12 +221,24 @@ fn main() {
     };
     let quick = args.iter().any(|arg| arg == "--quick");
     let sizes: Vec<usize> = value("--sizes")
-        .unwrap_or_else(|| if quick { "10000".into() } else { "100000,1000000".into() })
+        .unwrap_or_else(|| {
+            if quick {
+                "10000".into()
+            } else {
+                "100000,1000000".into()
+            }
+        })
         .split(',')
         .map(|n| n.parse().expect("--sizes N,N"))
         .collect();
     let close: usize = value("--close")
-        .unwrap_or_else(|| if quick { "10000".into() } else { "100000".into() })
+        .unwrap_or_else(|| {
+            if quick {
+                "10000".into()
+            } else {
+                "100000".into()
+            }
+        })
         .parse()
         .expect("--close N");
     let runs: usize = value("--runs")
