@@ -915,7 +915,6 @@ async fn wheel_shutdown_mid_request_lets_the_response_finish_then_closes() {
 /// request fully buffered before the accept (with a 1 ms timeout the same request is served).
 /// The same happens with plain hyper `http1` + `IdleIo` + `BusyLayer`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: Duration::ZERO closes the connection before its first, already-buffered request is answered"]
 async fn a_zero_timeout_serves_a_ready_request_then_ends_keep_alive() {
     let wheel = Wheel::new();
     let (tcp, addr) = bind().await;
@@ -968,7 +967,6 @@ async fn a_zero_timeout_closes_a_silent_connection() {
 /// busy HTTP/2 connection is cut by the shutdown, for a slow handler and for a paused stream
 /// alike (HTTP/1.1 in the same situation is not cut: the test above).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: wheel.shutdown() cuts a busy HTTP/2 connection mid-request"]
 async fn h2_wheel_shutdown_mid_request_lets_the_response_finish() {
     let wheel = Wheel::new();
     let addr = serve(&wheel, Duration::from_secs(30)).await;

@@ -335,8 +335,12 @@ async fn after_shutdown_idle_connections_close_at_once_and_nothing_hangs() {
     answered.expect("the busy request was cut off by the shutdown");
     closed_at(&mut busy_stream, SLACK).await;
     for _ in 0..4 {
+        // Ended by the IdleIo, or by hyper's own header-read timeout: it runs on the same
+        // stopped wheel (its sleeps complete at once), and whichever is polled first ends the
+        // connection. Both are the wheel's shutdown at work; any other end is not.
         let ended = server.next_ended(SLACK).await;
-        assert!(ended.closed_by_idle_io, "{ended:?}");
+        let header_timeout = ended.result.as_ref().is_err_and(hyper::Error::is_timeout);
+        assert!(ended.closed_by_idle_io || header_timeout, "{ended:?}");
     }
     // New connections on the stopped wheel are closed at once.
     let mut late = TcpStream::connect(server.addr).await.unwrap();

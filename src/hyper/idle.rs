@@ -33,6 +33,11 @@ pin_project! {
     ///   guard alive. It is closed within `timeout` plus one wheel tick plus scheduling latency
     ///   — provided the connection's task polls the IO, as hyper does while it waits for a
     ///   request (HTTP/1) or always (HTTP/2).
+    /// - **Nothing held back is cut:** once the connection may close, it closes on the next
+    ///   poll of the IO that moves no byte (the IO wakes its task for it). So what the
+    ///   connection's task still holds to send goes out first — an HTTP/2 connection buffers
+    ///   the last frames of a response whose body has ended — and bytes it reads ahead are
+    ///   served.
     /// - **How it ends:** the pending read answers an [`io::Error`] of kind
     ///   [`TimedOut`](io::ErrorKind::TimedOut); so does a pending write or flush (a peer that
     ///   stopped reading is idle too). From then on every read and write answers `TimedOut`
@@ -41,14 +46,14 @@ pin_project! {
     /// - **Errors of the inner IO** pass through unchanged (and are not traffic).
     /// - **Shutdown:** after [`Wheel::shutdown`] idle connections close at once (their reads
     ///   answer `TimedOut`, "timer wheel shut down"); a busy one closes as soon as its last
-    ///   guard drops and it would wait. An `IdleIo` made on a wheel that is already shut down
+    ///   guard drops, its last bytes are out, and it would wait. An `IdleIo` made on a wheel that is already shut down
     ///   is closed from the start: its first read or write answers `TimedOut` at once.
     /// - **With hyper's header-read timeout:** hyper also runs `header_read_timeout` (30 s by
     ///   default once a timer is set) while an HTTP/1 keep-alive connection waits for its next
     ///   request; keep it longer than the idle timeout, or it closes idle connections first.
     /// - **Edge timeouts:** `Duration::ZERO` closes the connection the first time it would
-    ///   wait with no request in progress (a read that finds no bytes ready) — like nginx's
-    ///   `keepalive_timeout 0`, it ends keep-alive. `Duration::MAX` (or any timeout past the
+    ///   wait with no request in progress and nothing moving — like nginx's
+    ///   `keepalive_timeout 0`, it ends keep-alive: a request already sent is served first. `Duration::MAX` (or any timeout past the
     ///   clock's range) never closes it for idleness: no overflow, no panic; only a wheel
     ///   shutdown closes it.
     ///
@@ -209,6 +214,12 @@ struct Watch {
     /// both directions), and only when that waker fired.
     sleep: Option<Sleep>,
     closed: Option<Closed>,
+    /// Reads and writes that moved bytes (wrapping): what "a poll that moved nothing" is
+    /// judged by.
+    moved: u32,
+    /// Set when the connection was found closable: the count of moves then. It closes on a
+    /// later poll only if nothing moved in between.
+    quiet: Option<u32>,
 }
 
 impl Idle {
@@ -283,6 +294,7 @@ impl Watch {
             // flag and wakes us.
             let status = idle.status.fetch_or(PARKED, Ordering::AcqRel);
             if status & BUSY > 0 {
+                self.quiet = None;
                 return Poll::Pending;
             }
             idle.status.fetch_and(!PARKED, Ordering::Relaxed);
@@ -301,9 +313,25 @@ impl Watch {
                 break Closed::Idle;
             }
             // Traffic since the timer was armed: move it to the real deadline.
+            self.quiet = None;
             Pin::new(sleep).reset(deadline);
         };
+        // Close only after one more poll of the connection that moved no byte: what it still
+        // holds to send goes out first (an HTTP/2 connection buffers the last frames of a
+        // response its body has finished; hyper reads ahead before it calls the service, so
+        // a zero timeout would otherwise close before the first request is served).
+        if self.quiet != Some(self.moved) {
+            self.quiet = Some(self.moved);
+            self.idle.wake_by_ref();
+            return Poll::Pending;
+        }
         Poll::Ready(self.close(why))
+    }
+
+    /// A read or write moved bytes: traffic.
+    fn moved(&mut self) {
+        self.moved = self.moved.wrapping_add(1);
+        self.idle.touch();
     }
 
     fn close(&mut self, why: Closed) -> io::Error {
@@ -341,6 +369,8 @@ impl<T> IdleIo<T> {
                 wheel: wheel.clone(),
                 sleep: None,
                 closed,
+                moved: 0,
+                quiet: None,
             },
         }
     }
@@ -399,7 +429,7 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
         match this.io.poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    this.watch.idle.touch();
+                    this.watch.moved();
                 }
                 Poll::Ready(Ok(()))
             }
@@ -426,7 +456,7 @@ impl<T: AsyncWrite> IdleIo<T> {
         match write(this.io, cx) {
             Poll::Ready(Ok(written)) => {
                 if written > 0 {
-                    this.watch.idle.touch();
+                    this.watch.moved();
                 }
                 Poll::Ready(Ok(written))
             }
