@@ -355,6 +355,12 @@ impl<S> H<S> {
     fn is_closed(&self) -> bool {
         self.closed.is_finished()
     }
+
+    /// Asserts the server closes the connection, no sooner than `d` after `quiet`.
+    async fn assert_closes_idle(&mut self, quiet: Instant, d: Duration, what: &str) {
+        let closed = self.closed_within(d + SLACK).await;
+        assert_closed_after(closed, quiet, d, what);
+    }
 }
 
 async fn text(resp: hyper::Response<hyper::body::Incoming>) -> String {
@@ -396,12 +402,7 @@ async fn a_slow_upload_pausing_longer_than_d_is_never_cut() {
     let quiet = Instant::now();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.body, b"4000");
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "after the upload",
-    );
+    c.assert_closes_idle(quiet, D, "after the upload").await;
 }
 
 /// The same with a chunked upload whose chunks come 2·d apart.
@@ -437,12 +438,7 @@ async fn a_slow_streamed_response_arrives_whole_then_the_countdown_restarts() {
     let quiet = Instant::now();
     assert_eq!(body.len(), 4000);
     assert!(!c.is_closed());
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "after the stream",
-    );
+    c.assert_closes_idle(quiet, D, "after the stream").await;
 }
 
 /// A client that stops reading a 32 MiB response for 4·d: the response is still in progress
@@ -458,12 +454,7 @@ async fn a_client_that_stops_reading_a_big_response_is_not_cut() {
     let quiet = Instant::now();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.body.len(), 512 * 64 * 1024);
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "after the big body",
-    );
+    c.assert_closes_idle(quiet, D, "after the big body").await;
 }
 
 /// Three pipelined requests in one write (slow, fast, slow): all answered in order, none cut.
@@ -485,12 +476,7 @@ async fn pipelined_requests_are_all_answered() {
     }
     let quiet = Instant::now();
     assert_eq!(bodies, ["slow", "fast", "slow"]);
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "after pipelining",
-    );
+    c.assert_closes_idle(quiet, D, "after pipelining").await;
 }
 
 /// Requests d/2 apart for 4·d keep one connection open (each is traffic); then it closes.
@@ -506,12 +492,7 @@ async fn requests_closer_than_d_keep_the_connection_open() {
         quiet = Instant::now();
         sleep(D / 2).await;
     }
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "after the requests",
-    );
+    c.assert_closes_idle(quiet, D, "after the requests").await;
 }
 
 /// A partial request head then silence is no request in progress: closed after d, not before.
@@ -522,7 +503,7 @@ async fn a_partial_head_then_silence_is_idle() {
     let mut c = Raw::connect(addr).await;
     c.send(b"GET /fast HTTP/1.1\r\nhos").await;
     let quiet = Instant::now();
-    assert_closed_after(c.closed_within(D + SLACK).await, quiet, D, "partial head");
+    c.assert_closes_idle(quiet, D, "partial head").await;
 }
 
 /// Many connections each with a request slower than d, at once: all answered.
@@ -590,7 +571,7 @@ async fn a_head_request_on_an_endless_stream_leaves_the_connection_idle() {
     let resp = c.response(true).await;
     let quiet = Instant::now();
     assert_eq!(resp.status, 200);
-    assert_closed_after(c.closed_within(D + SLACK).await, quiet, D, "after HEAD");
+    c.assert_closes_idle(quiet, D, "after HEAD").await;
 }
 
 /// A 204 whose body is an endless stream: HTTP forbids sending it; it must not keep the
@@ -604,7 +585,7 @@ async fn a_no_content_response_with_an_endless_body_leaves_the_connection_idle()
     let resp = c.response(true).await;
     let quiet = Instant::now();
     assert_eq!(resp.status, 204);
-    assert_closed_after(c.closed_within(D + SLACK).await, quiet, D, "after 204");
+    c.assert_closes_idle(quiet, D, "after 204").await;
 }
 
 /// ConnectInfo<SocketAddr> is the client socket's local address, for HTTP/1.1 and HTTP/2.
@@ -646,12 +627,8 @@ async fn h2_a_long_stream_keeps_the_connection_while_short_ones_come_and_go() {
     assert_eq!(text(resp).await, "fast");
     let (body, quiet) = long.await.unwrap();
     assert_eq!(body, "slow");
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "h2 after the long stream",
-    );
+    c.assert_closes_idle(quiet, D, "h2 after the long stream")
+        .await;
 }
 
 /// Two overlapping slow streams: the countdown restarts only when the last one ends.
@@ -674,7 +651,7 @@ async fn h2_the_countdown_restarts_when_the_last_stream_ends() {
     assert_eq!(first.await.unwrap(), "slow");
     let (body, quiet) = second.await.unwrap();
     assert_eq!(body, "slow");
-    assert_closed_after(c.closed_within(D + SLACK).await, quiet, D, "h2 two streams");
+    c.assert_closes_idle(quiet, D, "h2 two streams").await;
 }
 
 /// A slow HTTP/2 upload (chunks 2·d apart) is never cut.
@@ -718,12 +695,7 @@ async fn h2_a_panicking_handler_releases_the_connection() {
     let resp = c.send.send_request(get_req("/fast")).await.unwrap();
     assert_eq!(text(resp).await, "fast");
     let quiet = Instant::now();
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "h2 after a panic",
-    );
+    c.assert_closes_idle(quiet, D, "h2 after a panic").await;
 }
 
 /// A body that panics mid-stream on HTTP/2: the same, the busy count is released.
@@ -739,12 +711,8 @@ async fn h2_a_body_panicking_mid_stream_releases_the_connection() {
         .unwrap();
     assert!(resp.into_body().collect().await.is_err());
     let quiet = Instant::now();
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "h2 after a body panic",
-    );
+    c.assert_closes_idle(quiet, D, "h2 after a body panic")
+        .await;
 }
 
 /// A body that errors mid-stream on HTTP/2: the stream is reset, the busy count released.
@@ -758,12 +726,8 @@ async fn h2_a_body_error_mid_stream_releases_the_connection() {
         assert!(resp.into_body().collect().await.is_err());
     }
     let quiet = Instant::now();
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "h2 after a body error",
-    );
+    c.assert_closes_idle(quiet, D, "h2 after a body error")
+        .await;
 }
 
 /// The client drops an endless response body mid-stream (RST_STREAM): the server drops the
@@ -779,12 +743,7 @@ async fn h2_a_response_dropped_by_the_client_releases_the_connection() {
     assert!(first.is_data());
     drop(body);
     let quiet = Instant::now();
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "h2 after the drop",
-    );
+    c.assert_closes_idle(quiet, D, "h2 after the drop").await;
 }
 
 /// The client cancels a request while its handler still runs (60 s): the handler's future is
@@ -797,12 +756,7 @@ async fn h2_a_request_cancelled_mid_handler_releases_the_connection() {
     let pending = c.send.send_request(get_req("/slow/60000"));
     assert!(timeout(ms(100), pending).await.is_err());
     let quiet = Instant::now();
-    assert_closed_after(
-        c.closed_within(D + SLACK).await,
-        quiet,
-        D,
-        "h2 after a cancel",
-    );
+    c.assert_closes_idle(quiet, D, "h2 after a cancel").await;
 }
 
 /// HTTP/2 keep-alive pings under d are traffic: an idle connection stays open for 5·d.
