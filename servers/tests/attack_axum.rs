@@ -261,6 +261,12 @@ impl Raw {
         .ok()
     }
 
+    /// Asserts the server closes the connection, no sooner than `d` after `quiet`.
+    async fn assert_closes_idle(&mut self, quiet: Instant, d: Duration, what: &str) {
+        let closed = self.closed_within(d + SLACK).await;
+        assert_closed_after(closed, quiet, d, what);
+    }
+
     /// True if the server has not closed within `wait` (and sent nothing).
     async fn still_open_after(&mut self, wait: Duration) -> bool {
         let mut chunk = [0u8; 1];
