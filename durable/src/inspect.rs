@@ -108,6 +108,10 @@ pub struct QueueStats {
     pub lateness_p50: Duration,
     /// 99th percentile of the same window.
     pub lateness_p99: Duration,
+    /// Redis: the server's `maxmemory-policy` could not be read (a least-privilege ACL user
+    /// may run neither `CONFIG GET` nor `INFO`), so nothing checks that it does not evict the
+    /// queue's keys; make sure it is `noeviction`. Always `false` on the embedded store.
+    pub eviction_policy_unknown: bool,
 }
 
 /// How many recent claims the lateness percentiles cover.

@@ -15,8 +15,12 @@
 //!   instead of at once; no task is lost.
 //! - anything else (`allkeys-lru`, `allkeys-lfu`, `allkeys-random`, a name this crate does
 //!   not know) is refused: [`Error::Invalid`] naming the policy and the fix.
-//! - a server that answers neither command is refused too, naming the opt-out: silence is
-//!   not proof of safety.
+//! - a server that answers neither command — a least-privilege ACL user may run neither —
+//!   is accepted with a warning: the policy is unknown. The warning is logged at connect and
+//!   after every check that still cannot read it, and [`QueueStats::eviction_policy_unknown`]
+//!   says so (so does `twq stats`). Let the user read it (`+config|get` or `+info` in its ACL)
+//!   and the check runs as above. A node known to evict is refused even when another's policy
+//!   is unknown.
 //!
 //! The policy can change under a running queue (`CONFIG SET`, a failover to a node
 //! configured otherwise, a restart with another config). So a handle checks again before a
@@ -26,6 +30,8 @@
 //! found evicting every call of the handle fails with that [`Error::Invalid`] (claims pause;
 //! deliveries cannot be finished), and works again once a check finds it safe: a queue that
 //! fails loudly rather than one that loses tasks silently.
+//!
+//! [`QueueStats::eviction_policy_unknown`]: crate::QueueStats::eviction_policy_unknown
 //!
 //! [`Builder::allow_evicting_server(true)`](crate::Builder::allow_evicting_server) skips the
 //! refusal and every later check (the policy is only logged at connect).
@@ -55,6 +61,9 @@ pub(super) enum Verdict {
     Safe,
     /// Every node is safe or `volatile-*` (the note above): accepted with a warning.
     Volatile(String),
+    /// No node known to evict, but the policy of at least one could not be read (neither
+    /// command allowed): accepted with a warning, which names the node and the fix.
+    Unknown(String),
     /// Refused: the message says which node, which policy, and what to do.
     Refused(String),
 }
@@ -70,16 +79,20 @@ pub(super) struct Guard {
     next_check: AtomicU64,
     /// A check is running (calls meanwhile go by the last verdict).
     checking: AtomicBool,
+    /// The last check could not read the policy (see [`Verdict::Unknown`]).
+    unknown: AtomicBool,
     base: Instant,
 }
 
 impl Guard {
-    pub(super) fn new(allowed: bool) -> Guard {
+    /// `unknown`: the check at connect could not read the policy.
+    pub(super) fn new(allowed: bool, unknown: bool) -> Guard {
         let guard = Guard {
             allowed,
             refusal: Mutex::new(None),
             next_check: AtomicU64::new(0),
             checking: AtomicBool::new(false),
+            unknown: AtomicBool::new(unknown),
             base: Instant::now(),
         };
         guard.check_in(RECHECK);
@@ -126,7 +139,12 @@ impl Guard {
                     *self.refusal.lock().expect("not poisoned") = Some(why);
                     self.check_in(RECHECK);
                 }
-                Ok(_) => {
+                Ok(verdict) => {
+                    let unknown = matches!(verdict, Verdict::Unknown(_));
+                    if let Verdict::Unknown(note) = &verdict {
+                        tracing::warn!(%note, "the Redis server's maxmemory-policy is unknown");
+                    }
+                    self.unknown.store(unknown, Ordering::Relaxed);
                     if self.refusal.lock().expect("not poisoned").take().is_some() {
                         tracing::warn!("the Redis server no longer evicts keys: calls resume");
                     }
@@ -141,6 +159,11 @@ impl Guard {
             Some(why) => Err(Error::Invalid(why)),
             None => Ok(()),
         }
+    }
+
+    /// Whether the last check could not read the server's policy.
+    pub(super) fn policy_unknown(&self) -> bool {
+        self.unknown.load(Ordering::Relaxed)
     }
 
     fn refusal(&self) -> Option<String> {
@@ -271,6 +294,7 @@ const VOLATILE: [&str; 4] = [
 
 fn judge(nodes: &[NodePolicy]) -> Verdict {
     let mut volatile = None;
+    let mut unknown = None;
     for (node, policy) in nodes {
         let server = match node {
             Some(node) => format!("the Redis node {node}"),
@@ -282,10 +306,14 @@ fn judge(nodes: &[NodePolicy]) -> Verdict {
                 volatile = Some(format!("{server} has maxmemory-policy {policy}"));
             }
             Ok(policy) => return Verdict::Refused(evicting_message(&server, policy)),
-            Err(why) => return Verdict::Refused(unknown_message(&server, why)),
+            Err(why) => unknown = Some(unknown_message(&server, why)),
         }
     }
-    volatile.map_or(Verdict::Safe, Verdict::Volatile)
+    match (unknown, volatile) {
+        (Some(unknown), _) => Verdict::Unknown(unknown),
+        (None, Some(volatile)) => Verdict::Volatile(volatile),
+        (None, None) => Verdict::Safe,
+    }
 }
 
 /// The refusal of an evicting server (its words are in the README).
@@ -301,9 +329,10 @@ pub(super) fn evicting_message(server: &str, policy: &str) -> String {
 fn unknown_message(server: &str, why: &str) -> String {
     format!(
         "cannot tell whether {server} evicts keys: it refused both CONFIG GET \
-         maxmemory-policy and INFO memory ({why}); let this user run one of them, or, if \
-         the server's maxmemory-policy is noeviction, connect with \
-         Builder::allow_evicting_server(true)"
+         maxmemory-policy and INFO memory ({why}); the queue is open, but if the server's \
+         maxmemory-policy evicts (allkeys-*), a full memory deletes tasks without an error: \
+         make sure it is noeviction, and let this user read it (ACL: +config|get or +info) \
+         so that the check runs"
     )
 }
 
@@ -337,10 +366,23 @@ mod tests {
             assert!(why.contains(policy) && why.contains("noeviction"), "{why}");
             assert!(why.contains("allow_evicting_server"), "{why}");
         }
-        let Verdict::Refused(why) = judge(&[(None, Err("ERR unknown command".into()))]) else {
-            panic!("an unreadable policy accepted");
+        let unread = (None, Err("NOPERM this user has no permissions".into()));
+        let Verdict::Unknown(why) = judge(std::slice::from_ref(&unread)) else {
+            panic!("an unreadable policy is not accepted with a warning");
         };
-        assert!(why.contains("allow_evicting_server"), "{why}");
+        assert!(
+            why.contains("+config|get") && why.contains("noeviction"),
+            "{why}"
+        );
+        // A node known to evict is refused whatever another's policy is.
+        assert!(matches!(
+            judge(&[unread.clone(), node("allkeys-lru")]),
+            Verdict::Refused(_)
+        ));
+        assert!(matches!(
+            judge(&[node("volatile-lru"), unread]),
+            Verdict::Unknown(_)
+        ));
     }
 
     #[test]

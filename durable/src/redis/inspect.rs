@@ -294,6 +294,7 @@ impl Shared {
         }
         stats.lateness_p50 = percentile(&mut late, 50);
         stats.lateness_p99 = percentile(&mut late, 99);
+        stats.eviction_policy_unknown = self.eviction.policy_unknown();
         Ok(stats)
     }
 }

@@ -115,13 +115,23 @@ pub(crate) async fn start(
     }
     let link = Link::open(&target).await?;
     let mut connection = link.get();
-    let _: () = redis::cmd("PING")
-        .query_async(&mut connection)
-        .await
-        .map_err(|e| classify(&e))?;
+    let ping: Result<(), _> = redis::cmd("PING").query_async(&mut connection).await;
+    if let Err(error) = ping {
+        // A user whose ACL leaves out `@connection` may not PING; its refusal still proves
+        // the server reached and the user authenticated.
+        if !error.to_string().to_lowercase().contains("noperm") {
+            return Err(classify(&error));
+        }
+    }
     // Before anything is written: a server that evicts keys would lose tasks silently.
-    match eviction::check(&connection, target.cluster).await? {
+    let verdict = eviction::check(&connection, target.cluster).await?;
+    let policy_unknown = matches!(verdict, eviction::Verdict::Unknown(_));
+    match verdict {
         eviction::Verdict::Safe => {}
+        eviction::Verdict::Unknown(note) => tracing::warn!(
+            %note,
+            "opening the queue with the server's maxmemory-policy unknown"
+        ),
         eviction::Verdict::Volatile(note) => tracing::warn!(
             %note,
             "volatile-* evicts only keys with a TTL: never a task, but under memory pressure \
@@ -136,7 +146,16 @@ pub(crate) async fn start(
     // partitions nobody claims from.
     let config = format!("tw:{{{name}}}:config");
     if target.read_only {
-        return read_only::start(target, &mut connection, link, name, settings, wheel).await;
+        return read_only::start(
+            target,
+            &mut connection,
+            link,
+            name,
+            settings,
+            wheel,
+            policy_unknown,
+        )
+        .await;
     }
     let (_, agreed): (bool, usize) = redis::pipe()
         .hset_nx(&config, "partitions", target.partitions)
@@ -161,7 +180,7 @@ pub(crate) async fn start(
         settings,
         replicas: target.replicas,
         cluster: target.cluster,
-        eviction: eviction::Guard::new(target.allow_evicting_server),
+        eviction: eviction::Guard::new(target.allow_evicting_server, policy_unknown),
         waiting: match target.replicas {
             0 => None,
             _ => Some(replicas::Waiting::new(&target)?),

@@ -27,6 +27,7 @@ pub(super) async fn start(
     name: &str,
     settings: Settings,
     wheel: &Wheel,
+    policy_unknown: bool,
 ) -> Result<(mpsc::UnboundedSender<Request>, Arc<Shared>), Error> {
     let partitions = partitions(connection, name, target.partitions).await?;
     let shared = Arc::new(Shared {
@@ -39,7 +40,7 @@ pub(super) async fn start(
         settings,
         replicas: 0,
         cluster: target.cluster,
-        eviction: eviction::Guard::new(target.allow_evicting_server),
+        eviction: eviction::Guard::new(target.allow_evicting_server, policy_unknown),
         waiting: None,
         read_only: true,
         // Never used: writes are refused before they reach a batch.

@@ -55,12 +55,13 @@ pub(crate) fn stats_json(stats: &QueueStats) -> Value {
         "returned": stats.returned,
         "lateness_p50_ms": u64::try_from(stats.lateness_p50.as_millis()).unwrap_or(u64::MAX),
         "lateness_p99_ms": u64::try_from(stats.lateness_p99.as_millis()).unwrap_or(u64::MAX),
+        "eviction_policy_unknown": stats.eviction_policy_unknown,
     })
 }
 
 /// The queue's counts and counters as `name  value` lines.
 pub(crate) fn stats_table(target: &str, stats: &QueueStats) -> String {
-    let rows = [
+    let mut rows = vec![
         ("queue", clean(target)),
         ("pending", stats.pending.to_string()),
         ("in flight", stats.in_flight.to_string()),
@@ -74,6 +75,13 @@ pub(crate) fn stats_table(target: &str, stats: &QueueStats) -> String {
         ("lateness p50", short(stats.lateness_p50)),
         ("lateness p99", short(stats.lateness_p99)),
     ];
+    if stats.eviction_policy_unknown {
+        rows.push((
+            "warning",
+            "maxmemory-policy unknown (this user may not read it): make sure it is noeviction"
+                .to_owned(),
+        ));
+    }
     pairs(rows.iter().map(|(k, v)| (*k, v.clone())))
 }
 

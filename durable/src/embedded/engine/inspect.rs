@@ -278,6 +278,7 @@ impl StepState<'_> {
             returned: c.returned,
             lateness_p50: percentile(&mut samples, 50),
             lateness_p99: percentile(&mut samples, 99),
+            eviction_policy_unknown: false,
         })
     }
 }
