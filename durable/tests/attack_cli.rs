@@ -470,7 +470,19 @@ async fn a_redis_password_is_never_printed() {
         assert_eq!(run.code, 2, "{run:?}");
         runs.push(run);
     }
-    for url in [&wrong, &closed, &bad_port, &bad_scheme] {
+    // Malformed URLs whose errors once echoed the password (issue 29).
+    let no_slashes = format!("redis//:{secret}@127.0.0.1:{port}/");
+    let one_slash = format!("redis:/:{secret}@127.0.0.1:{port}/");
+    let no_scheme = format!(":{secret}@127.0.0.1:{port}");
+    for url in [
+        &wrong,
+        &closed,
+        &bad_port,
+        &bad_scheme,
+        &no_slashes,
+        &one_slash,
+        &no_scheme,
+    ] {
         for json in [false, true] {
             let mut a = vec!["--redis", url.as_str(), "--queue", "q", "--timeout", "1s"];
             if json {

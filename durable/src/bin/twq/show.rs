@@ -212,20 +212,26 @@ pub(crate) fn mask_url(url: &str) -> String {
 pub(crate) fn passwords<'a>(urls: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut secrets = Vec::new();
     for url in urls {
-        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-            continue;
-        };
-        let rest = &url[scheme_end..];
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let Some(at) = rest[..authority_end].rfind('@') else {
-            continue;
-        };
-        if let Some(colon) = rest[..at].find(':') {
-            let password = &rest[colon + 1..at];
-            if !password.is_empty() {
-                secrets.push(password.to_owned());
-                secrets.push(percent_decode(password));
+        let password = match url.find("://").map(|i| i + 3) {
+            Some(scheme_end) => {
+                let rest = &url[scheme_end..];
+                let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+                rest[..authority_end]
+                    .rfind('@')
+                    .and_then(|at| rest[..at].find(':').map(|colon| &rest[colon + 1..at]))
             }
+            // Not a well-formed URL (`redis//:pw@host`, `redis:/:pw@host`, `:pw@host`): the
+            // redis crate's error may still echo it, so whatever stands between a ':' and
+            // the last '@' of its last segment is taken for a password too.
+            None => url.rfind('@').and_then(|at| {
+                let user_part = &url[..at];
+                let segment = &user_part[user_part.rfind('/').map_or(0, |slash| slash + 1)..];
+                segment.find(':').map(|colon| &segment[colon + 1..])
+            }),
+        };
+        if let Some(password) = password.filter(|password| !password.is_empty()) {
+            secrets.push(password.to_owned());
+            secrets.push(percent_decode(password));
         }
     }
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -280,6 +286,18 @@ mod tests {
         let secrets = passwords(["redis://:a%40b@h/", "redis://h/"].into_iter());
         assert_eq!(secrets, ["a%40b", "a@b"]);
         assert_eq!(scrub("x a@b y a%40b", &secrets), "x *** y ***");
+        // Malformed URLs the redis crate's errors echo (issue 29): their password is found.
+        for malformed in [
+            "redis//:S3cret@127.0.0.1:6390/",
+            "redis:/:S3cret@127.0.0.1:6390/",
+            ":S3cret@127.0.0.1:6390",
+            "redis:S3cret@host",
+        ] {
+            let secrets = passwords([malformed].into_iter());
+            assert_eq!(secrets, ["S3cret"], "{malformed}");
+            assert!(!scrub(&format!("bad URL {malformed}"), &secrets).contains("S3cret"));
+        }
+        assert!(passwords(["redis//host:6390/", "--queue"].into_iter()).is_empty());
     }
 
     #[test]
