@@ -3,8 +3,8 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -85,6 +85,17 @@ pub(crate) enum Outcome {
     Fail(String),
 }
 
+impl Outcome {
+    /// Which kind of finish this is: a finish made again is the same kind.
+    pub(crate) fn tag(&self) -> &'static str {
+        match self {
+            Outcome::Ack => "ack",
+            Outcome::Retry(_) => "retry",
+            Outcome::Fail(_) => "dead",
+        }
+    }
+}
+
 /// A due task handed to a consumer, under a lease. Finish it with [`ack`](Delivery::ack),
 /// [`retry`](Delivery::retry), [`retry_after`](Delivery::retry_after) or
 /// [`fail`](Delivery::fail); dropped unfinished, it is delivered again when its lease ends.
@@ -104,6 +115,12 @@ pub struct Delivery {
     handed_out: bool,
     /// Finished successfully: dropping it tells the engine nothing.
     finished: AtomicBool,
+    /// How it was finished (a `tag` of [`Outcome`]): an `ack` made again answers `Ok`
+    /// without a store call.
+    finished_as: OnceLock<&'static str>,
+    /// Redis: where the answer of a finish that erred is kept, if its invocation ran.
+    #[cfg(feature = "redis")]
+    kept: std::sync::Mutex<Option<(&'static str, crate::redis::Receipt)>>,
 }
 
 impl fmt::Debug for Delivery {
@@ -153,6 +170,9 @@ impl Delivery {
             route,
             handed_out: false,
             finished: AtomicBool::new(false),
+            finished_as: OnceLock::new(),
+            #[cfg(feature = "redis")]
+            kept: std::sync::Mutex::new(None),
         }
     }
 
@@ -194,9 +214,17 @@ impl Delivery {
 
     async fn finish(
         &self,
-        #[cfg_attr(not(feature = "redis"), allow(unused_variables))] outcome: Outcome,
+        outcome: Outcome,
         request: impl FnOnce(oneshot::Sender<Result<(), Error>>) -> Request,
     ) -> Result<(), Error> {
+        let tag = outcome.tag();
+        if tag == "ack" && self.finished_as.get() == Some(&"ack") {
+            // An ack made again (its first answer lost to the caller, or simply repeated) is
+            // recognised: the task is gone, it cannot have been handed out again. Any other
+            // finish goes to the store, which answers for it (`LeaseLost` once the task
+            // moved on).
+            return Ok(());
+        }
         let result = match &self.route {
             Route::Engine => {
                 let (reply, answer) = oneshot::channel();
@@ -212,11 +240,18 @@ impl Delivery {
                     .send(Request::Finishing(self.token))
                     .map_err(|_| Error::Closed)?;
                 shared
-                    .finish(self.id.as_str(), self.token, self.attempt, outcome)
+                    .finish(
+                        self.id.as_str(),
+                        self.token,
+                        self.attempt,
+                        outcome,
+                        &self.kept,
+                    )
                     .await
             }
         };
         if result.is_ok() {
+            let _ = self.finished_as.set(tag);
             self.finished.store(true, Ordering::Release);
         }
         result
@@ -227,8 +262,10 @@ impl Delivery {
     /// # Errors
     ///
     /// [`Error::LeaseLost`] if the task was handed out again or moved on (this call changed
-    /// nothing), [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`]. An `ack` whose reply
-    /// was lost and that is retried is recognised and answers `Ok` (for about one lease).
+    /// nothing), [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`]. An `ack` is
+    /// recognised by its delivery: made again — after it answered `Ok`, or after an error
+    /// such as `Unreachable` when its first run did delete the task — it answers `Ok` (for
+    /// about one lease after an error), so it can simply be repeated.
     pub async fn ack(&self) -> Result<(), Error> {
         let id = self.id.as_str().to_owned();
         self.finish(Outcome::Ack, |reply| Request::Ack(id, self.token, reply))

@@ -33,7 +33,38 @@ on_every_backend!(
     tasks_survive_closing_and_reopening,
     wheel_shutdown_ends_the_streams_and_keeps_the_tasks,
     concurrent_schedules_all_become_durable,
+    a_finish_made_again_is_recognised_and_another_is_lease_lost,
 );
+
+/// An `ack` is recognised by its delivery: made again it answers `Ok` (it may be repeated
+/// because its first answer was lost to the caller); any other finish of the same delivery
+/// answers `LeaseLost`, and none changes anything.
+async fn a_finish_made_again_is_recognised_and_another_is_lease_lost(backend: Backend) {
+    let Some(f) = fixture(backend) else { return };
+    let queue = f.open().await;
+    queue.schedule(Task::new("a").id("acked")).await.unwrap();
+    queue.schedule(Task::new("f").id("failed")).await.unwrap();
+    let mut deliveries = queue.deliveries();
+    for _ in 0..2 {
+        let d = next(&mut deliveries).await;
+        if d.id().as_str() == "acked" {
+            d.ack().await.unwrap();
+            d.ack().await.expect("the same ack again");
+            assert!(matches!(d.fail("late").await, Err(Error::LeaseLost)));
+        } else {
+            d.fail("bad").await.unwrap();
+            assert!(matches!(d.fail("bad").await, Err(Error::LeaseLost)));
+            assert!(matches!(d.ack().await, Err(Error::LeaseLost)));
+        }
+    }
+    assert_eq!(queue.len().await.unwrap(), 0);
+    let dead = queue.dead_letters().await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].id.as_str(), dead[0].reason.as_str()),
+        ("failed", "bad")
+    );
+}
 
 async fn a_task_is_delivered_at_its_due_time_and_ack_deletes_it(backend: Backend) {
     let Some(f) = fixture(backend) else { return };

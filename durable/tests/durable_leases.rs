@@ -52,10 +52,13 @@ async fn stale_finishes_return_lease_lost_and_change_nothing(backend: Backend) {
     );
     nothing_within(&mut deliveries, ms(100)).await;
     d2.ack().await.unwrap();
+    // An ack made again is recognised (issue 29: it may be repeated after a lost answer);
+    // another finish after it is stale.
+    assert_eq!(d2.ack().await, Ok(()), "the same ack again");
     assert_eq!(
-        d2.ack().await,
+        d2.retry().await,
         Err(Error::LeaseLost),
-        "a second finish is stale too"
+        "a finish after the ack"
     );
     assert_eq!(queue.len().await.unwrap(), 0);
 }

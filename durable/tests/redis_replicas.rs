@@ -8,6 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use support::redis_server::{self, RedisServer};
 use tokio_wheel::Wheel;
 use tokio_wheel_durable::{DurableQueue, Error, Task};
@@ -25,6 +26,12 @@ fn raw(url: &str) -> redis::Connection {
 fn master_and_replica() -> Option<(RedisServer, RedisServer)> {
     // No 5 s pause for more replicas before a diskless full sync.
     let master = redis_server::start_with(&["--repl-diskless-sync-delay", "0"])?;
+    let replica = replica_of(&master)?;
+    Some((master, replica))
+}
+
+/// A new replica of `master`, in sync.
+fn replica_of(master: &RedisServer) -> Option<RedisServer> {
     let port = master.port().to_string();
     let replica = redis_server::start_with(&["--replicaof", "127.0.0.1", &port])?;
     let mut connection = raw(&replica.url());
@@ -35,7 +42,7 @@ fn master_and_replica() -> Option<(RedisServer, RedisServer)> {
             .query(&mut connection)
             .unwrap();
         if info.contains("master_link_status:up") {
-            return Some((master, replica));
+            return Some(replica);
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
@@ -271,4 +278,44 @@ async fn with_a_killed_or_missing_replica_writes_fail_clearly_and_reads_go_on() 
         "{error}"
     );
     assert!(has_task(&master, "killed", "killed"), "on the master");
+}
+
+/// `replicas(1)` with the replica killed: an `ack` deletes the task on the master, no replica
+/// confirms it in time, so it answers `Unreachable`. With a replica back, the same `ack` made
+/// again is recognised by its delivery and answers `Ok` (issue 29: it answered `LeaseLost`,
+/// which means "handed out again"), and so does any repeat of it; another finish of the
+/// same delivery answers `LeaseLost` and changes nothing.
+#[tokio::test]
+async fn an_ack_made_again_after_unreachable_is_recognised_by_its_delivery() {
+    let Some((master, mut replica)) = master_and_replica() else {
+        return;
+    };
+    let wheel = Wheel::new();
+    let queue = DurableQueue::builder()
+        .replicas(1)
+        .redis(&master.url(), "again", &wheel)
+        .await
+        .unwrap();
+    queue.schedule(Task::new("a").id("once")).await.unwrap();
+    let mut deliveries = queue.deliveries();
+    let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.next())
+        .await
+        .expect("delivered")
+        .unwrap();
+    replica.stop();
+    let error = delivery.ack().await.expect_err("no replica confirms");
+    assert!(matches!(error, Error::Unreachable(_)), "{error:?}");
+    assert!(
+        !has_task(&master, "again", "once"),
+        "the ack ran on the master"
+    );
+
+    let _replica = replica_of(&master).expect("a replica again");
+    delivery
+        .ack()
+        .await
+        .expect("the same ack, made again, is recognised");
+    delivery.ack().await.expect("and again");
+    assert!(matches!(delivery.retry().await, Err(Error::LeaseLost)));
+    assert_eq!(queue.len().await.unwrap(), 0);
 }

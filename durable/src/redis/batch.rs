@@ -52,7 +52,26 @@ impl Kind {
 pub(super) struct Entry {
     pub(super) args: Vec<Vec<u8>>,
     pub(super) reply: oneshot::Sender<Result<String, Error>>,
+    /// A finish's: told, when its invocation errs, where that invocation's kept reply would
+    /// be, so that the same finish made again can read its answer there (sent before the
+    /// error).
+    pub(super) receipt: Option<oneshot::Sender<Receipt>>,
 }
+
+/// Where the answer of a finish whose invocation erred (a lost reply, replicas that did not
+/// confirm in time) is kept if that invocation ran: its kept reply, and its place in it.
+#[derive(Debug, Clone)]
+pub(crate) struct Receipt {
+    pub(super) part: usize,
+    pub(super) replied: String,
+    pub(super) index: usize,
+}
+
+/// The replies and receipts of one invocation's entries, in order.
+type Waiting = (
+    Vec<oneshot::Sender<Result<String, Error>>>,
+    Vec<Option<oneshot::Sender<Receipt>>>,
+);
 
 impl Entry {
     fn bytes(&self) -> usize {
@@ -107,17 +126,19 @@ impl Shared {
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
             let mut bytes = 0;
-            let (mut args, mut replies) = (Vec::new(), Vec::new());
+            let (mut args, mut waiting): (_, Waiting) = (Vec::new(), (Vec::new(), Vec::new()));
             while let Some(entry) = entries.next_if(|entry| {
-                replies.is_empty()
-                    || (replies.len() < BATCH && bytes + entry.bytes() <= BATCH_BYTES)
+                waiting.0.is_empty()
+                    || (waiting.0.len() < BATCH && bytes + entry.bytes() <= BATCH_BYTES)
             }) {
                 bytes += entry.bytes();
                 args.extend(entry.args);
-                replies.push(entry.reply);
+                waiting.0.push(entry.reply);
+                waiting.1.push(entry.receipt);
             }
-            let result = self.run_batch(kind, part, args).await;
-            answer(kind, replies, result);
+            let replied = self.parts[part].replied(&call_id());
+            let result = self.run_batch(kind, part, &replied, args).await;
+            answer(kind, part, replied, waiting, result);
         }
     }
 
@@ -128,10 +149,10 @@ impl Shared {
         &self,
         kind: Kind,
         part: usize,
+        replied: &str,
         entries: Vec<Vec<u8>>,
     ) -> Result<Vec<String>, Error> {
         let keys = &self.parts[part];
-        let replied = keys.replied(&call_id());
         let window = self.reply_window_ms();
         let (script, key_list, mut args) = match kind {
             Kind::Schedule => (
@@ -144,7 +165,7 @@ impl Shared {
                     &keys.seq,
                     &keys.idle,
                     &keys.inflight,
-                    &replied,
+                    replied,
                 ],
                 redis_args!["tw-schedule", &keys.channel, window],
             ),
@@ -158,7 +179,7 @@ impl Shared {
                     &keys.dead,
                     &keys.idle,
                     &keys.stats,
-                    &replied,
+                    replied,
                 ],
                 redis_args![
                     "tw-finish",
@@ -188,7 +209,9 @@ async fn flusher(
         let in_flight = kind.in_flight();
         let room = running.len() < in_flight;
         tokio::select! {
-            Some((replies, result)) = running.next(), if !running.is_empty() => answer(kind, replies, result),
+            Some((waiting, replied, result)) = running.next(), if !running.is_empty() => {
+                answer(kind, part, replied, waiting, result);
+            }
             first = entries.recv(), if room && open && carried.is_none() => match first {
                 Some(entry) => carried = Some(entry),
                 None => open = false,
@@ -218,22 +241,27 @@ async fn flusher(
             return;
         };
         let mut args = Vec::new();
-        let mut replies = Vec::with_capacity(batch.len());
+        let mut waiting: Waiting = (Vec::with_capacity(batch.len()), Vec::new());
         for entry in batch {
             args.extend(entry.args);
-            replies.push(entry.reply);
+            waiting.0.push(entry.reply);
+            waiting.1.push(entry.receipt);
         }
         running.push(async move {
-            let result = queue.run_batch(kind, part, args).await;
-            (replies, result)
+            let replied = queue.parts[part].replied(&call_id());
+            let result = queue.run_batch(kind, part, &replied, args).await;
+            (waiting, replied, result)
         });
     }
 }
 
-/// Answers each call of a batch from its entry of the reply.
+/// Answers each call of a batch from its entry of the reply; when the invocation erred, each
+/// finish first learns where its answer is kept if the invocation ran.
 fn answer(
     kind: Kind,
-    replies: Vec<oneshot::Sender<Result<String, Error>>>,
+    part: usize,
+    replied: String,
+    (replies, receipts): Waiting,
     result: Result<Vec<String>, Error>,
 ) {
     match result {
@@ -249,6 +277,15 @@ fn answer(
             }
         }
         Err(error) => {
+            for (index, receipt) in receipts.into_iter().enumerate() {
+                if let Some(receipt) = receipt {
+                    let _ = receipt.send(Receipt {
+                        part,
+                        replied: replied.clone(),
+                        index,
+                    });
+                }
+            }
             for reply in replies {
                 let _ = reply.send(Err(error.clone()));
             }

@@ -4,12 +4,12 @@
 //! id (batched schedules and finishes: their invocation's, whose reply is kept), so a retry
 //! after a lost reply is recognised instead of acting twice.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::batch::{Entry, Kind};
+use super::batch::{Entry, Kind, Receipt};
 use super::connection::{RESPONSE_TIMEOUT, RETRY_BUDGET};
 use super::keys::{call_id, partition_of};
 use super::shared::{PAGE, Shared, redis_args};
@@ -57,6 +57,7 @@ impl Shared {
         let entry = Entry {
             args: redis_args![id.as_str(), task.payload.as_slice(), mode, ms, call_id()],
             reply,
+            receipt: None,
         };
         (id, part, entry, answer)
     }
@@ -120,13 +121,36 @@ impl Shared {
     }
 
     /// Finishes the delivery `token` of task `id` (its `attempt`-th).
+    ///
+    /// `kept`: the delivery's note of an earlier finish whose answer was lost. An `ack` made
+    /// again reads that answer from the earlier invocation's kept reply (so an `ack` that
+    /// deleted the task answers `Ok`, not `LeaseLost`); a finish whose answer is lost leaves
+    /// its note there.
     pub(crate) async fn finish(
         self: &Arc<Self>,
         id: &str,
         token: u64,
         attempt: u32,
         outcome: Outcome,
+        kept: &Mutex<Option<(&'static str, Receipt)>>,
     ) -> Result<(), Error> {
+        let tag = outcome.tag();
+        let earlier = kept.lock().expect("not poisoned").take();
+        if let Some((earlier_tag, receipt)) = earlier {
+            // Only an ack: a retry or fail that took effect may have let the task be handed
+            // out again since, and then the same finish made again is stale (`LeaseLost`).
+            if earlier_tag == tag && tag == "ack" {
+                match self.kept_answer(&receipt).await {
+                    Ok(Some(answer)) => return finished(&answer),
+                    // Never ran, or its reply expired: finish afresh.
+                    Ok(None) => {}
+                    Err(error) => {
+                        *kept.lock().expect("not poisoned") = Some((tag, receipt));
+                        return Err(error);
+                    }
+                }
+            }
+        }
         let (outcome, delay, reason) = match outcome {
             Outcome::Ack => ("ack", 0, String::new()),
             Outcome::Retry(after) => {
@@ -137,15 +161,38 @@ impl Shared {
         };
         let part = partition_of(id, self.parts.len());
         let (reply, answer) = oneshot::channel();
+        let (receipt, mut lost) = oneshot::channel();
         let entry = Entry {
             args: redis_args![id, token, outcome, delay, reason],
             reply,
+            receipt: Some(receipt),
         };
         self.submit(Kind::Finish, part, entry);
-        match answer.await.map_err(|_| Error::Closed)??.as_str() {
-            "1" => Ok(()),
-            _ => Err(Error::LeaseLost),
+        match answer.await.map_err(|_| Error::Closed)? {
+            Ok(answer) => finished(&answer),
+            Err(error) => {
+                if let Ok(receipt) = lost.try_recv() {
+                    *kept.lock().expect("not poisoned") = Some((tag, receipt));
+                }
+                Err(error)
+            }
         }
+    }
+
+    /// The answer an erred finish invocation kept for the entry at `receipt`, if it ran and
+    /// its reply is still kept. Runs as a write (it renews the reply's window), so with
+    /// `replicas(n)` it returns only once the replicas have what that invocation did.
+    async fn kept_answer(&self, receipt: &Receipt) -> Result<Option<String>, Error> {
+        let keys = &self.parts[receipt.part];
+        let answers: Option<Vec<String>> = self
+            .invoke_write(
+                keys,
+                &self.scripts.kept_reply,
+                &[receipt.replied.as_str()],
+                redis_args!["tw-kept-reply", self.reply_window_ms()],
+            )
+            .await?;
+        Ok(answers.and_then(|answers| answers.get(receipt.index).cloned()))
     }
 
     /// How long the reply of a schedule or finish invocation is kept to answer a retry of
@@ -300,5 +347,13 @@ impl Shared {
             "INFLIGHT" => Err(Error::InFlight),
             _ => Ok(id),
         }
+    }
+}
+
+/// A finish's answer: `1` took effect, anything else means the lease was lost.
+fn finished(answer: &str) -> Result<(), Error> {
+    match answer {
+        "1" => Ok(()),
+        _ => Err(Error::LeaseLost),
     }
 }

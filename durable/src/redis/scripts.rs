@@ -46,6 +46,8 @@ pub(super) struct Scripts {
     pub(super) stats: Script,
     /// One task's payload (`payload.lua`).
     pub(super) payload: Script,
+    /// The reply an erred finish invocation kept (`kept_reply.lua`).
+    pub(super) kept_reply: Script,
 }
 
 impl Scripts {
@@ -64,6 +66,7 @@ impl Scripts {
             get: script!("get.lua"),
             stats: script!("stats.lua"),
             payload: script!("payload.lua"),
+            kept_reply: script!("kept_reply.lua"),
         }
     }
 }
