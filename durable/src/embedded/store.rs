@@ -225,15 +225,20 @@ const CACHE_BYTES: usize = 32 << 20;
 /// [`Error::Locked`]. A file that is not a task store is reported as [`Error::Corrupt`] and
 /// left untouched; an empty file becomes a new store. redb's page cache is limited to 32 MiB.
 pub struct RedbStore {
-    database: Database,
-    /// Removes the path from the in-process registry when dropped.
-    _claim: PathClaim,
+    /// `None` only between a failed reopen and the next try.
+    database: Option<Database>,
+    /// The last transaction failed on the file itself: redb then refuses every later one
+    /// ("Previous I/O error occurred. Please close and re-open the database"), so the next
+    /// transaction reopens the file first — the same handle works again once the disk does.
+    reopen: bool,
+    /// Removes the path from the in-process registry when dropped; the path reopens from.
+    claim: PathClaim,
 }
 
 impl fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedbStore")
-            .field("path", &self._claim.0)
+            .field("path", &self.claim.0)
             .finish()
     }
 }
@@ -314,9 +319,26 @@ impl RedbStore {
         }
         write.commit().map_err(io)?;
         Ok(RedbStore {
-            database,
-            _claim: claim,
+            database: Some(database),
+            reopen: false,
+            claim,
         })
+    }
+
+    /// The database, reopened first after a failure of the file (see `reopen`).
+    fn database(&mut self) -> Result<&Database, Error> {
+        if self.reopen || self.database.is_none() {
+            // Closed first: redb holds the file's lock while open.
+            self.database = None;
+            let database = redb::Builder::new()
+                .set_cache_size(CACHE_BYTES)
+                .create(&self.claim.0)
+                .map_err(database_error)?;
+            tracing::info!(path = %self.claim.0.display(), "store reopened after an I/O error");
+            self.reopen = false;
+            self.database = Some(database);
+        }
+        Ok(self.database.as_ref().expect("just opened"))
     }
 
     /// The records of the first format, if the file has any: `(id, record)` pages of up to
@@ -327,7 +349,7 @@ impl RedbStore {
         limit: usize,
     ) -> Result<Vec<(String, Vec<u8>)>, Error> {
         use redb::ReadableDatabase;
-        let read = self.database.begin_read().map_err(io)?;
+        let read = self.opened()?.begin_read().map_err(io)?;
         let table = match read.open_table(LEGACY_TASKS) {
             Ok(table) => table,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
@@ -345,9 +367,16 @@ impl RedbStore {
         Ok(page)
     }
 
+    /// The database as it is (the migration runs right after open).
+    fn opened(&self) -> Result<&Database, Error> {
+        self.database
+            .as_ref()
+            .ok_or_else(|| Error::Io("the store is closed after an I/O error".to_owned()))
+    }
+
     /// Drops the first format's table once its records were migrated.
     pub(crate) fn drop_legacy(&self) -> Result<(), Error> {
-        let write = self.database.begin_write().map_err(io)?;
+        let write = self.opened()?.begin_write().map_err(io)?;
         write.delete_table(LEGACY_TASKS).map_err(io)?;
         write.commit().map_err(io)
     }
@@ -427,7 +456,20 @@ impl Transaction for RedbTransaction<'_> {
 
 impl Store for RedbStore {
     fn transact(&mut self, work: &mut Work<'_>) -> Result<(), Error> {
-        let write = self.database.begin_write().map_err(io)?;
+        let result = RedbStore::run(self.database()?, work);
+        if matches!(result, Err(Error::Io(_))) {
+            // Perhaps the file failed (a full disk): redb refuses every later transaction
+            // until it is reopened, so the next one reopens it. A plain error of `work`
+            // costs one reopen, cheap (redb reads its header and table roots).
+            self.reopen = true;
+        }
+        result
+    }
+}
+
+impl RedbStore {
+    fn run(database: &Database, work: &mut Work<'_>) -> Result<(), Error> {
+        let write = database.begin_write().map_err(io)?;
         let dirty = {
             let mut tables = Vec::with_capacity(REDB_TABLES.len());
             for table in REDB_TABLES {
