@@ -112,6 +112,9 @@ pub struct QueueStats {
     /// may run neither `CONFIG GET` nor `INFO`), so nothing checks that it does not evict the
     /// queue's keys; make sure it is `noeviction`. Always `false` on the embedded store.
     pub eviction_policy_unknown: bool,
+    /// Claiming is paused ([`DurableQueue::pause`](super::DurableQueue::pause)): no worker
+    /// of the queue, in any process, is handed a task until it is resumed.
+    pub paused: bool,
 }
 
 /// How many recent claims the lateness percentiles cover.

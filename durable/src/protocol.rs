@@ -69,6 +69,8 @@ pub(crate) enum Request {
     /// Recurring schedules after a position in the pending list (checked to be of that
     /// list), at most this many, looking through at most one step's entries.
     RecurringPage(Option<Cursor>, usize, Reply<RecurringPage>),
+    /// Pauses (`true`) or resumes claiming, durably.
+    Pause(bool, Reply<()>),
 }
 
 /// A stream that wants deliveries, as one step sees it.

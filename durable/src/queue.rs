@@ -409,6 +409,72 @@ impl DurableQueue {
         .await
     }
 
+    /// Pauses the queue: no worker of it — in this process or any other sharing it (Redis) —
+    /// is handed a task until [`resume`](DurableQueue::resume). Scheduling, cancelling and
+    /// inspecting go on; deliveries already handed out can still be finished; leases that
+    /// run out still bring their tasks back (to pending). Durable: it holds across restarts,
+    /// until resumed. [`QueueStats::paused`] and [`is_paused`](DurableQueue::is_paused) say
+    /// so.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use futures::StreamExt;
+    /// # use tokio_wheel::Wheel;
+    /// # use tokio_wheel_durable::{DurableQueue, Task, store::MemoryStore};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokio_wheel_durable::Error> {
+    /// # let wheel = Wheel::new();
+    /// # let queue = DurableQueue::builder().open_with_store(MemoryStore::new(), &wheel).await?;
+    /// queue.pause().await?;
+    /// queue.schedule(Task::new("later")).await?; // stored, not delivered
+    /// let mut deliveries = queue.deliveries();
+    /// assert!(tokio::time::timeout(Duration::from_millis(100), deliveries.next()).await.is_err());
+    /// queue.resume().await?;
+    /// let delivery = deliveries.next().await.unwrap();
+    /// assert_eq!(delivery.payload(), b"later");
+    /// # delivery.ack().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`]; [`Error::Invalid`] on a
+    /// read-only handle.
+    pub async fn pause(&self) -> Result<(), Error> {
+        self.set_paused(true).await
+    }
+
+    /// Resumes a paused queue: its workers claim again at once (idle Redis workers are woken).
+    ///
+    /// # Errors
+    ///
+    /// As [`pause`](DurableQueue::pause).
+    pub async fn resume(&self) -> Result<(), Error> {
+        self.set_paused(false).await
+    }
+
+    async fn set_paused(&self, pause: bool) -> Result<(), Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.pause(pause).await;
+        }
+        self.ask(|reply| Request::Pause(pause, reply)).await
+    }
+
+    /// Whether the queue is paused ([`pause`](DurableQueue::pause)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`].
+    pub async fn is_paused(&self) -> Result<bool, Error> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = self.redis()? {
+            return redis.is_paused().await;
+        }
+        Ok(self.stats().await?.paused)
+    }
+
     /// The queue's counts and counters (see [`QueueStats`]).
     ///
     /// # Errors

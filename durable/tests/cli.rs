@@ -646,3 +646,27 @@ async fn a_missing_file_is_an_error_not_a_new_store() {
     let json = backend.twq(&["--json", "stats"]).await.ok().json();
     assert_eq!(json["pending"], 1);
 }
+
+/// `pause` and `resume` (issue 29): the queue the API sees is paused, and `stats` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_reach_the_queue_and_stats_show_them() {
+    let backend = Backend::file();
+    backend.twq(&["schedule", "--payload", "p"]).await.ok();
+    let json = backend.twq(&["--json", "pause"]).await.ok().json();
+    assert_eq!(json["paused"], true);
+    assert_eq!(
+        backend.twq(&["--json", "stats"]).await.ok().json()["paused"],
+        true
+    );
+    assert!(backend.twq(&["stats"]).await.ok().stdout.contains("paused"));
+    {
+        let queue = backend.open().await;
+        assert!(queue.is_paused().await.unwrap());
+        queue.close().await;
+    }
+    backend.twq(&["resume"]).await.ok();
+    assert_eq!(
+        backend.twq(&["--json", "stats"]).await.ok().json()["paused"],
+        false
+    );
+}

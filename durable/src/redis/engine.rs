@@ -339,6 +339,7 @@ impl RedisEngine {
                     &keys.idle,
                     &keys.stats,
                     &keys.lateness,
+                    &keys.paused,
                 ],
                 redis_args![
                     "tw-claim",
@@ -566,7 +567,8 @@ impl RedisEngine {
             | Request::Purge { .. }
             | Request::Stats(..)
             | Request::ScheduleRecurring(..)
-            | Request::CancelRecurring(..) => debug_assert!(false, "routed to the server directly"),
+            | Request::CancelRecurring(..)
+            | Request::Pause(..) => debug_assert!(false, "routed to the server directly"),
         }
     }
 }

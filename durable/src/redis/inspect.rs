@@ -36,6 +36,44 @@ impl Shared {
         Ok(total)
     }
 
+    /// Pauses (`true`) or resumes claiming on every partition; a resume wakes the idle
+    /// workers of each.
+    pub(crate) async fn pause(&self, pause: bool) -> Result<(), Error> {
+        for keys in &self.parts {
+            let _: i64 = self
+                .invoke_write(
+                    keys,
+                    &self.scripts.pause,
+                    &[&keys.paused, &keys.idle],
+                    redis_args!["tw-pause", if pause { "1" } else { "0" }],
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Whether claiming is paused (on any partition: a pause or resume that failed part-way
+    /// reads as paused until done again).
+    pub(crate) async fn is_paused(&self) -> Result<bool, Error> {
+        for keys in &self.parts {
+            let paused: bool = self
+                .call(|mut connection| {
+                    let key = keys.paused.clone();
+                    async move {
+                        redis::cmd("EXISTS")
+                            .arg(key)
+                            .query_async(&mut connection)
+                            .await
+                    }
+                })
+                .await?;
+            if paused {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Every dead letter, a page of [`PAGE`] at a time so no command grows with the list.
     pub(crate) async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
         let mut letters = Vec::new();
@@ -295,6 +333,7 @@ impl Shared {
         stats.lateness_p50 = percentile(&mut late, 50);
         stats.lateness_p99 = percentile(&mut late, 99);
         stats.eviction_policy_unknown = self.eviction.policy_unknown();
+        stats.paused = self.is_paused().await?;
         Ok(stats)
     }
 }

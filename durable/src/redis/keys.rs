@@ -36,6 +36,8 @@ pub(super) struct Keys {
     pub(super) stats: String,
     /// The lateness of the partition's latest claims (a capped list).
     pub(super) lateness: String,
+    /// Set while claiming is paused (`DurableQueue::pause`): one per partition, in its slot.
+    pub(super) paused: String,
 }
 
 impl Keys {
@@ -55,6 +57,7 @@ impl Keys {
             channel: key("wake"),
             stats: key("stats"),
             lateness: key("lateness"),
+            paused: key("paused"),
             prefix,
         }
     }

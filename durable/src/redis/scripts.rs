@@ -48,6 +48,8 @@ pub(super) struct Scripts {
     pub(super) payload: Script,
     /// The reply an erred finish invocation kept (`kept_reply.lua`).
     pub(super) kept_reply: Script,
+    /// Pauses or resumes claiming on a partition (`pause.lua`).
+    pub(super) pause: Script,
 }
 
 impl Scripts {
@@ -67,6 +69,7 @@ impl Scripts {
             stats: script!("stats.lua"),
             payload: script!("payload.lua"),
             kept_reply: script!("kept_reply.lua"),
+            pause: script!("pause.lua"),
         }
     }
 }
@@ -83,7 +86,7 @@ impl Scripts {
 #[cfg(test)]
 mod tests {
     /// Each script's own file, as the header convention applies to it.
-    const FILES: [(&str, &str); 13] = [
+    const FILES: [(&str, &str); 15] = [
         ("schedule.lua", include_str!("scripts/schedule.lua")),
         ("claim.lua", include_str!("scripts/claim.lua")),
         ("finish.lua", include_str!("scripts/finish.lua")),
@@ -100,6 +103,8 @@ mod tests {
         ("get.lua", include_str!("scripts/get.lua")),
         ("stats.lua", include_str!("scripts/stats.lua")),
         ("payload.lua", include_str!("scripts/payload.lua")),
+        ("kept_reply.lua", include_str!("scripts/kept_reply.lua")),
+        ("pause.lua", include_str!("scripts/pause.lua")),
     ];
 
     #[test]

@@ -127,6 +127,11 @@ pub(crate) enum Command {
     /// Recurring schedules.
     #[command(subcommand)]
     Recurring(RecurringCommand),
+    /// Stop every worker of the queue, in every process, from being handed tasks (scheduling
+    /// goes on; it holds across restarts) until `resume`.
+    Pause,
+    /// Let the workers of a paused queue claim again (idle ones are woken).
+    Resume,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -468,6 +468,19 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
                 json: json!({"purged": purged, "older_than_ms": u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX)}),
             })
         }
+        Command::Pause | Command::Resume => {
+            let pause = matches!(cli.command, Command::Pause);
+            if pause {
+                call!(queue.pause());
+            } else {
+                call!(queue.resume());
+            }
+            let word = if pause { "paused" } else { "resumed" };
+            Ok(Output {
+                human: format!("{word} {target}\n"),
+                json: json!({"queue": target, "paused": pause}),
+            })
+        }
         Command::Recurring(RecurringCommand::List { limit, cursor }) => {
             recurring_list(cli, queue, target, usize::from(*limit), cursor.as_deref()).await
         }

@@ -56,6 +56,7 @@ pub(crate) fn stats_json(stats: &QueueStats) -> Value {
         "lateness_p50_ms": u64::try_from(stats.lateness_p50.as_millis()).unwrap_or(u64::MAX),
         "lateness_p99_ms": u64::try_from(stats.lateness_p99.as_millis()).unwrap_or(u64::MAX),
         "eviction_policy_unknown": stats.eviction_policy_unknown,
+        "paused": stats.paused,
     })
 }
 
@@ -74,6 +75,7 @@ pub(crate) fn stats_table(target: &str, stats: &QueueStats) -> String {
         ("returned", stats.returned.to_string()),
         ("lateness p50", short(stats.lateness_p50)),
         ("lateness p99", short(stats.lateness_p99)),
+        ("paused", if stats.paused { "yes" } else { "no" }.to_owned()),
     ];
     if stats.eviction_policy_unknown {
         rows.push((

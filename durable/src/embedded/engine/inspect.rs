@@ -279,6 +279,7 @@ impl StepState<'_> {
             lateness_p50: percentile(&mut samples, 50),
             lateness_p99: percentile(&mut samples, 99),
             eviction_policy_unknown: false,
+            paused: *self.paused,
         })
     }
 }

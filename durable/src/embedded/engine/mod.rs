@@ -137,6 +137,8 @@ struct Core {
     next_seq: u64,
     counters: Counters,
     lateness: LatenessWindow,
+    /// Paused: nothing is claimed (kept in the store's `Meta`, so it survives a restart).
+    paused: bool,
 }
 
 pub(crate) struct Engine {
@@ -204,6 +206,7 @@ struct StepState<'c> {
     next_seq: &'c mut u64,
     counters: &'c mut Counters,
     lateness: &'c mut LatenessWindow,
+    paused: &'c mut bool,
     now: u64,
 }
 

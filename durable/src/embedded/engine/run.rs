@@ -22,8 +22,9 @@ impl Engine {
             next_seq: 0,
             counters: Counters::default(),
             lateness: LatenessWindow::default(),
+            paused: false,
         };
-        let (mut next_seq, mut counters) = (0, Counters::default());
+        let (mut next_seq, mut counters, mut paused) = (0, Counters::default(), false);
         core.store.transact(&mut |tx| {
             let mut tasks = Tasks { tx };
             let format = tasks.meta("format")?;
@@ -41,10 +42,12 @@ impl Engine {
             }
             next_seq = tasks.meta("seq")?;
             counters = tasks.counters()?;
+            paused = tasks.meta("paused")? != 0;
             Ok(())
         })?;
         core.next_seq = next_seq;
         core.counters = counters;
+        core.paused = paused;
         // Holding the lock proves the previous holder is gone: its leases are over.
         let now = now_ms();
         loop {
@@ -75,10 +78,12 @@ impl Engine {
             }
         }
         let mut next_due = None;
-        core.store.transact(&mut |tx| {
-            next_due = head(&mut Tasks { tx })?;
-            Ok(())
-        })?;
+        if !core.paused {
+            core.store.transact(&mut |tx| {
+                next_due = head(&mut Tasks { tx })?;
+                Ok(())
+            })?;
+        }
         let purge_at = core
             .settings
             .purge_every()

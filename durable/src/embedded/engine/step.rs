@@ -28,7 +28,9 @@ impl Core {
             next_seq,
             counters,
             lateness,
+            paused,
         } = self;
+        let paused_before = *paused;
         let mut state = StepState {
             settings,
             flights,
@@ -36,6 +38,7 @@ impl Core {
             next_seq,
             counters,
             lateness,
+            paused,
             now: plan.now,
         };
         let result = store.transact(&mut |tx| {
@@ -46,12 +49,19 @@ impl Core {
             while let Some(request) = plan.requests.pop_front() {
                 state.apply(&mut tasks, request, &mut answers, &mut continuing)?;
             }
-            state.claim_due(&mut tasks, &plan.wants, &mut claims)?;
+            if !*state.paused {
+                state.claim_due(&mut tasks, &plan.wants, &mut claims)?;
+            }
             tasks.save_counters(&counters_before, state.counters)?;
             if *state.next_seq != seq_before {
                 tasks.set_meta("seq", *state.next_seq)?;
             }
-            next_due = head(&mut tasks)?;
+            // Paused, nothing is due for the engine: it does not wake for due tasks.
+            next_due = if *state.paused {
+                None
+            } else {
+                head(&mut tasks)?
+            };
             Ok(())
         });
         let failure = result.err();
@@ -67,6 +77,7 @@ impl Core {
             self.flights.undo();
             self.next_seq = seq_before;
             self.counters = counters_before;
+            self.paused = paused_before;
             for claim in claims.drain(..) {
                 if let Some(want) = plan.wants.iter().find(|w| w.consumer == claim.consumer) {
                     want.credits.fetch_add(1, Ordering::AcqRel);
@@ -130,6 +141,7 @@ pub(super) fn fail(request: Request, error: &Error) {
         Request::List(_, _, _, reply) => send(reply, error),
         Request::ListPage(_, _, _, reply) => send(reply, error),
         Request::Stats(reply) => send(reply, error),
+        Request::Pause(_, reply) => send(reply, error),
         Request::Purge { reply, .. } => {
             if let Some(reply) = reply {
                 send(reply, error);
@@ -226,6 +238,13 @@ impl StepState<'_> {
             }
             Request::Stats(reply) => {
                 let result = self.stats(tasks);
+                settle(answers, reply, result)
+            }
+            Request::Pause(pause, reply) => {
+                let result = tasks.set_meta("paused", u64::from(pause));
+                if result.is_ok() {
+                    *self.paused = pause;
+                }
                 settle(answers, reply, result)
             }
             Request::Purge {

@@ -15,6 +15,7 @@
 -- KEYS[8] idle       sorted set: workers with room that found nothing due, score = since when
 -- KEYS[9] stats      hash: the queue's counters
 -- KEYS[10] lateness  list: lateness (ms) of the recent deliveries (1000 to 1100 of them)
+-- KEYS[11] paused    string: set while the queue is paused (`pause.lua`)
 --
 -- ARGV[1] label      'tw-claim' (not read)
 -- ARGV[2] lease      ms
@@ -35,9 +36,12 @@
 -- hands out the same tasks again (those still held by their tokens), nothing new. Never
 -- touches more than `batch` expired leases and `wanted` due tasks. A worker left with room
 -- (it claimed fewer than it wanted) joins the idle set, to be woken alone when a task
--- becomes due; one that filled up while due tasks remain wakes another.
+-- becomes due; one that filled up while due tasks remain wakes another. While the queue is
+-- paused nothing is handed out (expired leases still move): a worker with room joins the idle
+-- set, to be woken when the queue is resumed, and is told of no due time.
 
 local now = now_ms()
+local paused = redis.call('EXISTS', KEYS[11]) == 1
 local lease = tonumber(ARGV[2])
 local out = {}
 -- A task goes out with its payload, read in this same script.
@@ -105,7 +109,10 @@ else
   end
   if #expired == limit then more = 1 end
   local wanted = tonumber(ARGV[3])
-  if wanted > 0 then
+  if paused and wanted > 0 then
+    redis.call('ZADD', KEYS[8], now, ARGV[7])
+    wanted = 0
+  elseif wanted > 0 then
     local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, wanted)
     local late = {}
     if #due > 0 then
@@ -158,11 +165,13 @@ else
     else
       redis.call('ZREM', KEYS[8], ARGV[7])
     end
-  else
+  elseif not paused then
     redis.call('ZREM', KEYS[8], ARGV[7])
   end
   nd = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if nd[2] and tonumber(nd[2]) <= now and (wanted == 0 or #out == wanted * 5) then
+  if paused then
+    nd = {}
+  elseif nd[2] and tonumber(nd[2]) <= now and (wanted == 0 or #out == wanted * 5) then
     -- Waking another worker changes no set this reply reads.
     wake_one(KEYS[8])
   end

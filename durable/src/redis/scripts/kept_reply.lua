@@ -10,7 +10,7 @@
 -- Reply: the kept reply (one answer per delivery of that invocation, in order), or nil if
 -- that invocation never ran or its reply expired.
 --
--- Invariant: reads one key; renews its window, a write, so that `WAIT` after it covers
+-- Invariants: reads one key; renews its window, a write, so that `WAIT` after it covers
 -- what the erred invocation did.
 
 local replied = redis.call('GET', KEYS[1])
