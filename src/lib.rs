@@ -64,10 +64,23 @@
 //! shard; the actor applies commands in batches on its own task, and a command wakes it only if
 //! it would otherwise look too late (a deadline earlier than its next wake-up, a barrier).
 //! Postponing a `Sleep` is one atomic compare-and-swap with no command; dropping one queues a
-//! release, or withdraws its registration if the actor has not taken it yet. The command queue
-//! is unbounded: producers never wait; the actor applies what it takes in time-bounded
-//! stretches, firing due timers and yielding to the runtime between them ([`Stats::commands`]
-//! counts what it took). Once empty and idle for a moment, it gives flood-sized memory back.
+//! release, or withdraws its registration if the actor has not taken it yet. The actor
+//! applies what it takes in time-bounded stretches, firing due timers and yielding to the
+//! runtime between them ([`Stats::commands`] counts what it took). Once empty and idle for a
+//! moment, it gives flood-sized memory back.
+//!
+//! **Floods are bounded by backpressure.** The commands waiting for an actor are at most
+//! about 2 × 256 Ki (the inbox's shards hold 256 Ki together, the actor's batch as many):
+//! tens of MiB at ~40 bytes a command, whatever producers on any number of threads do. A call
+//! that fills its thread's shard (a by-key `reset` flood, say) waits until the actor has
+//! taken that shard — through `tokio::task::block_in_place` on a multi-thread runtime (the
+//! worker's other tasks, the actor too, go on elsewhere), blocking the thread outside a
+//! runtime. So an authoritative call made during a flood (`take`, `len`, `drain`, `flush`)
+//! waits behind at most that many commands (measured: a few milliseconds, BENCHMARKS.md).
+//! A call made on a current-thread runtime's own thread never waits (it might be the actor's
+//! thread): a task there that floods without yielding is not bounded. Below the bound —
+//! every ordinary workload — nothing waits: the check is a length read under the lock the
+//! send holds anyway.
 //!
 //! The timer a server pays for most is a request's header-read timeout: armed, then dropped
 //! unfired about a millisecond later. While commands flow, the actor looks at its queue by

@@ -20,9 +20,17 @@
 //! barriers ([`Wheel::flush`](crate::Wheel::flush)) take everything once more before
 //! answering.
 //!
-//! The queue is unbounded by design: a timer call never blocks or fails because the actor is
-//! busy. The actor applies what it takes in slices, bounded in time, firing and yielding to
-//! the runtime in between (see `actor::run`).
+//! Bounded under any flood: a shard holds at most [`Inbox::bound`] commands (a share of
+//! [`BOUND_COMMANDS`] for the whole inbox). A send that fills its shard waits until the actor
+//! takes it — through `tokio::task::block_in_place` on a multi-thread runtime (the worker's
+//! other tasks, the actor among them, move to another thread), blocking a thread outside any
+//! runtime — so commands waiting for the actor take at most twice the bound (in the shards and
+//! in the actor's batch), and an authoritative call queued behind them is answered within that
+//! many applies. Never on a current-thread runtime's own thread (the actor may need that very
+//! thread to run) nor from inside the actor (a value's `Drop` it runs): there a flood stays
+//! unbounded, as a task that never yields would starve that runtime anyway. The actor applies
+//! what it takes in slices, bounded in time, firing and yielding to the runtime in between
+//! (see `actor::run`).
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -32,11 +40,11 @@ use std::sync::atomic::AtomicUsize;
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 #[cfg(loom)]
-use loom::sync::{Mutex, MutexGuard};
+use loom::sync::{Condvar, Mutex, MutexGuard};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 #[cfg(not(loom))]
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
@@ -44,6 +52,30 @@ use crate::timer::pool::{Pool, Slot};
 
 /// Command capacity a shard keeps after a flood; more is given back once the actor is idle.
 const RETAINED_COMMANDS: usize = 4 * 1024;
+
+/// Commands the shards of one inbox hold at most together before senders wait for the actor
+/// (each shard its share, at least [`MIN_SHARD_BOUND`]): with the batch the actor is applying,
+/// at most twice this waits — a few tens of MiB of commands at ~40 bytes each.
+pub(crate) const BOUND_COMMANDS: usize = 256 * 1024;
+const MIN_SHARD_BOUND: usize = 4 * 1024;
+
+std::thread_local! {
+    /// Set while this thread runs an actor's synchronous work (applying commands, firing):
+    /// a send made there (a value's `Drop`) must never wait for the actor.
+    static IN_ACTOR: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `work` as the actor: sends it makes never wait for room.
+pub(crate) fn as_actor<R>(work: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_ACTOR.with(|flag| flag.set(self.0));
+        }
+    }
+    let _reset = Reset(IN_ACTOR.with(|flag| flag.replace(true)));
+    work()
+}
 
 /// Keeps each shard on its own cache lines.
 #[repr(align(128))]
@@ -59,7 +91,12 @@ struct Shard<C> {
     free: Vec<u32>,
     /// The actor stopped: sends are refused.
     stopped: bool,
+    /// Senders waiting for room in this shard (a full shard).
+    waiting: usize,
 }
+
+/// A shard behind its lock, and where senders wait for the actor to take it.
+type Room<C> = (Mutex<Shard<C>>, Condvar);
 
 /// How soon the actor must see a command. A send wakes the actor only if it would not
 /// otherwise look at its inbox in time: most commands cost no wake-up at all.
@@ -114,7 +151,10 @@ pub(crate) trait Placeholder {
 /// The command queue of one actor.
 #[derive(Debug)]
 pub(crate) struct Inbox<C> {
-    shards: Box<[Padded<Mutex<Shard<C>>>]>,
+    /// Each shard, and where its senders wait for room.
+    shards: Box<[Padded<Room<C>>]>,
+    /// Commands a shard holds before a send waits for the actor to take them.
+    bound: usize,
     wake: Notify,
     /// Every handle that can send is gone.
     senders_gone: AtomicBool,
@@ -153,18 +193,24 @@ fn thread_seed() -> usize {
 impl<C> Inbox<C> {
     /// An inbox with `shards` shards (at least one).
     pub(crate) fn new(shards: usize) -> Self {
-        let shards = (0..shards.max(1))
+        let count = shards.max(1);
+        let shards = (0..count)
             .map(|_| {
-                Padded(Mutex::new(Shard {
-                    commands: VecDeque::new(),
-                    notified: false,
-                    free: Vec::new(),
-                    stopped: false,
-                }))
+                Padded((
+                    Mutex::new(Shard {
+                        commands: VecDeque::new(),
+                        notified: false,
+                        free: Vec::new(),
+                        stopped: false,
+                        waiting: 0,
+                    }),
+                    Condvar::new(),
+                ))
             })
             .collect();
         Inbox {
             shards,
+            bound: (BOUND_COMMANDS / count).max(MIN_SHARD_BOUND),
             wake: Notify::new(),
             senders_gone: AtomicBool::new(false),
             next_look: AtomicU64::new(u64::MAX),
@@ -174,7 +220,8 @@ impl<C> Inbox<C> {
         }
     }
 
-    /// Queues `command` in a locked shard, and says whether the actor must be notified.
+    /// Queues `command` in a locked shard, and says whether the actor must be notified (a
+    /// shard it fills always does: its sender is about to wait for the actor).
     fn push(&self, state: &mut Shard<C>, command: C, urgency: Urgency) -> (u32, bool) {
         let position = state.commands.len() as u32;
         state.commands.push_back(command);
@@ -186,11 +233,12 @@ impl<C> Inbox<C> {
             self.pending.store(true, Ordering::Relaxed);
             fence(Ordering::SeqCst);
         }
-        let needed = match urgency {
-            Urgency::Now => true,
-            Urgency::By(deadline) => deadline < self.next_look.load(Ordering::Relaxed),
-            Urgency::Lazy => !self.looks_soon.load(Ordering::Relaxed),
-        };
+        let needed = self.is_full(state)
+            || match urgency {
+                Urgency::Now => true,
+                Urgency::By(deadline) => deadline < self.next_look.load(Ordering::Relaxed),
+                Urgency::Lazy => !self.looks_soon.load(Ordering::Relaxed),
+            };
         let notify = needed && !state.notified;
         state.notified |= notify;
         (position, notify)
@@ -242,8 +290,46 @@ impl<C> Inbox<C> {
         // No code panics while holding these locks; recover the data if it ever happens.
         self.shards[shard]
             .0
+            .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn is_full(&self, state: &Shard<C>) -> bool {
+        state.commands.len() >= self.bound
+    }
+
+    /// After a send that filled `shard` (its lock let go, the actor notified): waits until the
+    /// actor has taken the shard, where waiting cannot stop the actor (see the module).
+    fn wait_for_room(&self, shard: usize) {
+        if IN_ACTOR.with(Cell::get) {
+            return;
+        }
+        let wait = || {
+            let mut state = self.lock(shard);
+            while !state.stopped && self.is_full(&state) {
+                state.waiting += 1;
+                state = self.shards[shard]
+                    .0
+                    .1
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                state.waiting -= 1;
+            }
+        };
+        match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            // Perhaps the actor's own thread: waiting could stop it for good.
+            Ok(_) => {}
+            Err(_) => wait(),
+        }
+    }
+
+    /// Lets the senders waiting for room in a shard just taken go on.
+    fn room_made(&self, shard: usize, state: &Shard<C>) {
+        if state.waiting > 0 {
+            self.shards[shard].0.1.notify_all();
+        }
     }
 
     /// Queues a command; gives it back if the actor has stopped. Returns where in the shard's
@@ -254,9 +340,13 @@ impl<C> Inbox<C> {
             return Err(command);
         }
         let (position, notify) = self.push(&mut state, command, urgency);
+        let full = self.is_full(&state);
         drop(state);
         if notify {
             self.wake.notify_one();
+        }
+        if full {
+            self.wait_for_room(shard);
         }
         Ok(position)
     }
@@ -270,9 +360,15 @@ impl<C> Inbox<C> {
         urgency: Urgency,
         make: impl FnOnce() -> C,
     ) -> bool {
-        // The guard goes at the end of the statement: the notification comes after it.
-        let queued = self.queue_made(&mut self.lock(shard), urgency, make);
-        self.notify_if(queued)
+        let mut state = self.lock(shard);
+        let queued = self.queue_made(&mut state, urgency, make);
+        let full = self.is_full(&state);
+        drop(state);
+        let sent = self.notify_if(queued);
+        if full {
+            self.wait_for_room(shard);
+        }
+        sent
     }
 
     /// [`send_made`](Self::send_made), calling `make` with every shard locked: what it counts
@@ -414,9 +510,13 @@ impl<C> Inbox<C> {
         };
         let command = make(index, pool.get(index));
         let (position, notify) = self.push(&mut state, command, urgency);
+        let full = self.is_full(&state);
         drop(state);
         if notify {
             self.wake.notify_one();
+        }
+        if full {
+            self.wait_for_room(shard);
         }
         Some((index, position))
     }
@@ -438,6 +538,7 @@ impl<C> Inbox<C> {
             if let Some(freed) = freed.get_mut(shard) {
                 state.free.append(freed);
             }
+            self.room_made(shard, &state);
         }
         into.len() - before
     }
@@ -459,6 +560,7 @@ impl<C> Inbox<C> {
             } else {
                 into.append(&mut state.commands);
             }
+            self.room_made(shard, &state);
         }
         took
     }
@@ -470,6 +572,7 @@ impl<C> Inbox<C> {
         let mut state = self.lock(shard);
         let took = state.commands.len();
         into.append(&mut state.commands);
+        self.room_made(shard, &state);
         took
     }
 
@@ -569,6 +672,7 @@ impl<C> Inbox<C> {
             state.stopped = true;
             into.append(&mut state.commands);
             state.commands = VecDeque::new();
+            self.room_made(shard, &state);
         }
     }
 
@@ -581,6 +685,7 @@ impl<C> Inbox<C> {
             took += state.commands.len();
             into.append(&mut state.commands);
             state.commands = VecDeque::new();
+            self.room_made(shard, &state);
         }
         took
     }

@@ -67,10 +67,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
 use tracing::Instrument;
 
 use self::alarm::Alarm;
-use self::inbox::{Inbox, LAZY_BOUND};
+use self::inbox::{Inbox, LAZY_BOUND, as_actor};
 use self::timeline::Moves;
 use crate::timer::counters::Delta;
 use crate::timer::shared::Shared;
@@ -285,7 +286,7 @@ impl<M: Machine> Actor<M> {
     pub(crate) fn spawn(self, kind: &'static str) {
         let span = tracing::debug_span!("tokio_wheel::actor", wheel = %self.shared.name, kind);
         let runtime = self.shared.actors.clone();
-        runtime.spawn(self.run().instrument(span));
+        runtime.spawn(AsActor { run: self.run() }.instrument(span));
     }
 
     async fn run(mut self) {
@@ -608,5 +609,26 @@ impl<M: Machine> Drop for Actor<M> {
         self.stop(Exit::Shutdown);
         self.shared.actor_stopped();
         tracing::debug!("actor stopped");
+    }
+}
+
+pin_project! {
+    /// An actor's loop, each poll run as the actor: sends made from inside it (a value's
+    /// `Drop`, a job dropped at shutdown) never wait for room in an inbox (see `inbox`).
+    struct AsActor<F> {
+        #[pin]
+        run: F,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for AsActor<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let run = self.project().run;
+        as_actor(|| run.poll(cx))
     }
 }
