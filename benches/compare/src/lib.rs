@@ -82,13 +82,23 @@ impl Rng {
     }
 }
 
-/// The runtime every scenario runs on: 2 workers, as on the 2-core reference machine.
+/// The runtime every scenario runs on: 2 workers, as on the 2-core reference machine. With
+/// `TOKIO_WHEEL_ALT_TIMER=1` in a build with `RUSTFLAGS="--cfg tokio_unstable"`, on tokio's
+/// per-worker timer (`enable_alt_timer`): every tokio peer, and the wheel's own actor sleep,
+/// then run on it.
 pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2).enable_all();
+    if alt_timer() {
+        #[cfg(tokio_unstable)]
+        builder.enable_alt_timer();
+    }
+    builder.build().expect("runtime")
+}
+
+/// Whether the runtime runs tokio's per-worker timer (see [`runtime`]).
+pub fn alt_timer() -> bool {
+    cfg!(tokio_unstable) && std::env::var_os("TOKIO_WHEEL_ALT_TIMER").is_some_and(|v| v == "1")
 }
 
 /// Runs `scenario` on a worker thread of `runtime` and returns its output.

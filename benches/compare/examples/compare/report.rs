@@ -219,9 +219,15 @@ pub(crate) fn print_header(args: &[String], reps: usize, pingora_note: bool) {
             command += &format!(" {arg}");
         }
     }
+    let timer = if tokio_wheel_compare::alt_timer() {
+        " on tokio's per-worker timer (`RUSTFLAGS=\"--cfg tokio_unstable\"`, \
+         `TOKIO_WHEEL_ALT_TIMER=1`: `enable_alt_timer`)"
+    } else {
+        ""
+    };
     println!(
         "`{command}` · {reps} repetitions reported per case, after one warm-up repetition of \
-         every system that is not · 2 Tokio workers"
+         every system that is not · 2 Tokio workers{timer}"
     );
     println!();
     println!(
