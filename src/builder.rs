@@ -201,7 +201,7 @@ impl Builder {
             thread::watch_runtime(&runtime, &shared);
         }
         let shards = Inbox::<()>::shards_for_this_machine();
-        let inbox = Arc::new(Inbox::new(shards));
+        let inbox = Arc::new(Inbox::new(shards).with_actor_on(&shared.actors));
         let machine = TimerMachine::new(&shared.levels, clock, shards);
         Actor::new(machine, inbox.clone(), shared.clone()).spawn("timers");
         tracing::debug!(wheel = %shared.name, tick = ?self.tick, levels = ?shared.levels, "wheel built");

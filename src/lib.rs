@@ -77,8 +77,9 @@
 //! worker's other tasks, the actor too, go on elsewhere), blocking the thread outside a
 //! runtime. So an authoritative call made during a flood (`take`, `len`, `drain`, `flush`)
 //! waits behind at most that many commands (measured: a few milliseconds, BENCHMARKS.md).
-//! A call made on a current-thread runtime's own thread never waits (it might be the actor's
-//! thread): a task there that floods without yielding is not bounded. Below the bound —
+//! A call made on the thread of the current-thread runtime the actor runs on never waits
+//! (the actor needs that thread): a task there that floods without yielding is not bounded.
+//! Other current-thread runtimes' threads wait like any thread. Below the bound —
 //! every ordinary workload — nothing waits: the check is a length read under the lock the
 //! send holds anyway.
 //!

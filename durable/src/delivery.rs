@@ -118,9 +118,12 @@ pub struct Delivery {
     /// How it was finished (a `tag` of [`Outcome`]): an `ack` made again answers `Ok`
     /// without a store call.
     finished_as: OnceLock<&'static str>,
-    /// Redis: where the answer of a finish that erred is kept, if its invocation ran.
+    /// Redis: which invocation carried its latest finish (see `redis::calls::finish`).
     #[cfg(feature = "redis")]
-    kept: std::sync::Mutex<Option<(&'static str, crate::redis::Receipt)>>,
+    kept: crate::redis::Kept,
+    /// One finish at a time: a finish made while another is on its way waits for its answer
+    /// (two `ack`s at once both answer `Ok`).
+    finishing: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for Delivery {
@@ -172,7 +175,8 @@ impl Delivery {
             finished: AtomicBool::new(false),
             finished_as: OnceLock::new(),
             #[cfg(feature = "redis")]
-            kept: std::sync::Mutex::new(None),
+            kept: Default::default(),
+            finishing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -218,6 +222,7 @@ impl Delivery {
         request: impl FnOnce(oneshot::Sender<Result<(), Error>>) -> Request,
     ) -> Result<(), Error> {
         let tag = outcome.tag();
+        let _turn = self.finishing.lock().await;
         if tag == "ack" && self.finished_as.get() == Some(&"ack") {
             // An ack made again (its first answer lost to the caller, or simply repeated) is
             // recognised: the task is gone, it cannot have been handed out again. Any other

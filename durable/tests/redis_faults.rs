@@ -212,14 +212,22 @@ async fn a_finish_whose_reply_is_lost_answers_ok_and_acts_once() {
 
     queue.schedule(Task::new("a").id("acked")).await.unwrap();
     let d = next(&mut deliveries).await;
+    let acked_before = queue.stats().await.unwrap().acked;
     proxy.inject("tw-finish", Fault::LoseReply, 1);
     d.ack().await.expect("the retried ack is recognised");
     assert_eq!(proxy.injected(), 1);
     assert_eq!(queue.len().await.unwrap(), 0);
+    // An ack made again is recognised by its delivery (issue 29): `Ok`, nothing acted twice.
+    assert_eq!(d.ack().await, Ok(()), "the same ack again");
     assert_eq!(
-        d.ack().await,
+        d.retry().await,
         Err(Error::LeaseLost),
-        "a second ack is not a retry"
+        "another finish after it"
+    );
+    assert_eq!(
+        queue.stats().await.unwrap().acked,
+        acked_before + 1,
+        "acted once"
     );
 
     queue.schedule(Task::new("r").id("retried")).await.unwrap();

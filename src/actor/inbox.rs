@@ -26,9 +26,10 @@
 //! other tasks, the actor among them, move to another thread), blocking a thread outside any
 //! runtime — so commands waiting for the actor take at most twice the bound (in the shards and
 //! in the actor's batch), and an authoritative call queued behind them is answered within that
-//! many applies. Never on a current-thread runtime's own thread (the actor may need that very
-//! thread to run) nor from inside the actor (a value's `Drop` it runs): there a flood stays
-//! unbounded, as a task that never yields would starve that runtime anyway. The actor applies
+//! many applies. Never on the thread of the current-thread runtime the actor runs on (the
+//! actor needs that very thread) nor from inside the actor (a value's `Drop` it runs): there a
+//! flood stays unbounded, as a task that never yields would starve that runtime anyway. (Other
+//! current-thread runtimes' threads wait like any thread.) The actor applies
 //! what it takes in slices, bounded in time, firing and yielding to the runtime in between
 //! (see `actor::run`).
 
@@ -155,6 +156,12 @@ pub(crate) struct Inbox<C> {
     shards: Box<[Padded<Room<C>>]>,
     /// Commands a shard holds before a send waits for the actor to take them.
     bound: usize,
+    /// The runtime the actor runs on, when it is a current-thread one: a send made on that
+    /// runtime's thread must not wait (it may be the thread the actor needs). `None` and
+    /// [`actor_known`](Self::actor_known) false: not said, so no current-thread runtime
+    /// waits.
+    actor_current_thread: Option<tokio::runtime::Id>,
+    actor_known: bool,
     wake: Notify,
     /// Every handle that can send is gone.
     senders_gone: AtomicBool,
@@ -211,6 +218,8 @@ impl<C> Inbox<C> {
         Inbox {
             shards,
             bound: (BOUND_COMMANDS / count).max(MIN_SHARD_BOUND),
+            actor_current_thread: None,
+            actor_known: false,
             wake: Notify::new(),
             senders_gone: AtomicBool::new(false),
             next_look: AtomicU64::new(u64::MAX),
@@ -242,6 +251,17 @@ impl<C> Inbox<C> {
         let notify = needed && !state.notified;
         state.notified |= notify;
         (position, notify)
+    }
+
+    /// Says which runtime the actor runs on (see [`wait_for_room`](Self::wait_for_room)).
+    pub(crate) fn with_actor_on(mut self, runtime: &tokio::runtime::Handle) -> Self {
+        self.actor_known = true;
+        self.actor_current_thread = matches!(
+            runtime.runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::CurrentThread
+        )
+        .then(|| runtime.id());
+        self
     }
 
     /// The actor will next look at its inbox by itself at offset `at` (if any); `now` is the
@@ -317,11 +337,15 @@ impl<C> Inbox<C> {
                 state.waiting -= 1;
             }
         };
-        match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
-            // Perhaps the actor's own thread: waiting could stop it for good.
-            Ok(_) => {}
+        match tokio::runtime::Handle::try_current() {
             Err(_) => wait(),
+            Ok(here) => match here.runtime_flavor() {
+                tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(wait),
+                // Another current-thread runtime: its thread may wait, the actor runs
+                // elsewhere. The actor's own (or one not said): waiting could stop it for good.
+                _ if self.actor_known && self.actor_current_thread != Some(here.id()) => wait(),
+                _ => {}
+            },
         }
     }
 

@@ -97,7 +97,8 @@ where
     let shared = wheel.shared.clone();
     // A shard per thread (a few per core); the actor puts commands back in the order they
     // were made (`actor::keyed::order`).
-    let inbox = Arc::new(Inbox::new(Inbox::<()>::shards_for_this_machine()));
+    let inbox =
+        Arc::new(Inbox::new(Inbox::<()>::shards_for_this_machine()).with_actor_on(&shared.actors));
     let ledger = Arc::new(Ledger::default());
     let timers = Arc::new(AtomicUsize::new(1));
     // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.

@@ -52,11 +52,14 @@ impl Kind {
 pub(super) struct Entry {
     pub(super) args: Vec<Vec<u8>>,
     pub(super) reply: oneshot::Sender<Result<String, Error>>,
-    /// A finish's: told, when its invocation errs, where that invocation's kept reply would
-    /// be, so that the same finish made again can read its answer there (sent before the
-    /// error).
-    pub(super) receipt: Option<oneshot::Sender<Receipt>>,
+    /// A finish's: where its delivery notes which invocation carries it, written when the
+    /// invocation is sent — so that the same finish made again, even after its first caller
+    /// went away, can read that invocation's kept reply.
+    pub(super) receipt: Option<(&'static str, Kept)>,
 }
+
+/// A delivery's note of the invocation that carried its latest finish, and of what kind.
+pub(crate) type Kept = std::sync::Arc<std::sync::Mutex<Option<(&'static str, Receipt)>>>;
 
 /// Where the answer of a finish whose invocation erred (a lost reply, replicas that did not
 /// confirm in time) is kept if that invocation ran: its kept reply, and its place in it.
@@ -67,11 +70,22 @@ pub(crate) struct Receipt {
     pub(super) index: usize,
 }
 
-/// The replies and receipts of one invocation's entries, in order.
-type Waiting = (
-    Vec<oneshot::Sender<Result<String, Error>>>,
-    Vec<Option<oneshot::Sender<Receipt>>>,
-);
+/// The replies of one invocation's entries, in order.
+type Waiting = Vec<oneshot::Sender<Result<String, Error>>>;
+
+/// Notes, in each finish's delivery, which invocation carries it.
+fn note_receipts(part: usize, replied: &str, receipts: Vec<Option<(&'static str, Kept)>>) {
+    for (index, receipt) in receipts.into_iter().enumerate() {
+        if let Some((tag, kept)) = receipt {
+            let receipt = Receipt {
+                part,
+                replied: replied.to_owned(),
+                index,
+            };
+            *kept.lock().expect("not poisoned") = Some((tag, receipt));
+        }
+    }
+}
 
 impl Entry {
     fn bytes(&self) -> usize {
@@ -126,19 +140,20 @@ impl Shared {
         let mut entries = entries.into_iter().peekable();
         while entries.peek().is_some() {
             let mut bytes = 0;
-            let (mut args, mut waiting): (_, Waiting) = (Vec::new(), (Vec::new(), Vec::new()));
+            let (mut args, mut waiting, mut receipts) = (Vec::new(), Vec::new(), Vec::new());
             while let Some(entry) = entries.next_if(|entry| {
-                waiting.0.is_empty()
-                    || (waiting.0.len() < BATCH && bytes + entry.bytes() <= BATCH_BYTES)
+                waiting.is_empty()
+                    || (waiting.len() < BATCH && bytes + entry.bytes() <= BATCH_BYTES)
             }) {
                 bytes += entry.bytes();
                 args.extend(entry.args);
-                waiting.0.push(entry.reply);
-                waiting.1.push(entry.receipt);
+                waiting.push(entry.reply);
+                receipts.push(entry.receipt);
             }
             let replied = self.parts[part].replied(&call_id());
+            note_receipts(part, &replied, receipts);
             let result = self.run_batch(kind, part, &replied, args).await;
-            answer(kind, part, replied, waiting, result);
+            answer(kind, waiting, result);
         }
     }
 
@@ -209,8 +224,8 @@ async fn flusher(
         let in_flight = kind.in_flight();
         let room = running.len() < in_flight;
         tokio::select! {
-            Some((waiting, replied, result)) = running.next(), if !running.is_empty() => {
-                answer(kind, part, replied, waiting, result);
+            Some((waiting, result)) = running.next(), if !running.is_empty() => {
+                answer(kind, waiting, result);
             }
             first = entries.recv(), if room && open && carried.is_none() => match first {
                 Some(entry) => carried = Some(entry),
@@ -241,29 +256,24 @@ async fn flusher(
             return;
         };
         let mut args = Vec::new();
-        let mut waiting: Waiting = (Vec::with_capacity(batch.len()), Vec::new());
+        let mut waiting: Waiting = Vec::with_capacity(batch.len());
+        let mut receipts = Vec::with_capacity(batch.len());
         for entry in batch {
             args.extend(entry.args);
-            waiting.0.push(entry.reply);
-            waiting.1.push(entry.receipt);
+            waiting.push(entry.reply);
+            receipts.push(entry.receipt);
         }
+        let replied = queue.parts[part].replied(&call_id());
+        note_receipts(part, &replied, receipts);
         running.push(async move {
-            let replied = queue.parts[part].replied(&call_id());
             let result = queue.run_batch(kind, part, &replied, args).await;
-            (waiting, replied, result)
+            (waiting, result)
         });
     }
 }
 
-/// Answers each call of a batch from its entry of the reply; when the invocation erred, each
-/// finish first learns where its answer is kept if the invocation ran.
-fn answer(
-    kind: Kind,
-    part: usize,
-    replied: String,
-    (replies, receipts): Waiting,
-    result: Result<Vec<String>, Error>,
-) {
+/// Answers each call of a batch from its entry of the reply.
+fn answer(kind: Kind, replies: Waiting, result: Result<Vec<String>, Error>) {
     match result {
         Ok(answers) if answers.len() == replies.len() => {
             for (reply, answer) in replies.into_iter().zip(answers) {
@@ -277,15 +287,6 @@ fn answer(
             }
         }
         Err(error) => {
-            for (index, receipt) in receipts.into_iter().enumerate() {
-                if let Some(receipt) = receipt {
-                    let _ = receipt.send(Receipt {
-                        part,
-                        replied: replied.clone(),
-                        index,
-                    });
-                }
-            }
             for reply in replies {
                 let _ = reply.send(Err(error.clone()));
             }

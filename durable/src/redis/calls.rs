@@ -4,12 +4,12 @@
 //! id (batched schedules and finishes: their invocation's, whose reply is kept), so a retry
 //! after a lost reply is recognised instead of acting twice.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::batch::{Entry, Kind, Receipt};
+use super::batch::{Entry, Kept, Kind, Receipt};
 use super::connection::{RESPONSE_TIMEOUT, RETRY_BUDGET};
 use super::keys::{call_id, partition_of};
 use super::shared::{PAGE, Shared, redis_args};
@@ -122,33 +122,31 @@ impl Shared {
 
     /// Finishes the delivery `token` of task `id` (its `attempt`-th).
     ///
-    /// `kept`: the delivery's note of an earlier finish whose answer was lost. An `ack` made
-    /// again reads that answer from the earlier invocation's kept reply (so an `ack` that
-    /// deleted the task answers `Ok`, not `LeaseLost`); a finish whose answer is lost leaves
-    /// its note there.
+    /// `kept`: the delivery's note of the invocation that carried its latest finish (written
+    /// when that invocation is sent). An `ack` made again reads that invocation's kept reply
+    /// first — so an `ack` that deleted the task answers `Ok`, not `LeaseLost`, however its
+    /// first call ended (an error, or its caller gone) — and looks there again if its own
+    /// run finds the task gone (the earlier one may have run meanwhile).
     pub(crate) async fn finish(
         self: &Arc<Self>,
         id: &str,
         token: u64,
         attempt: u32,
         outcome: Outcome,
-        kept: &Mutex<Option<(&'static str, Receipt)>>,
+        kept: &Kept,
     ) -> Result<(), Error> {
         let tag = outcome.tag();
-        let earlier = kept.lock().expect("not poisoned").take();
-        if let Some((earlier_tag, receipt)) = earlier {
-            // Only an ack: a retry or fail that took effect may have let the task be handed
-            // out again since, and then the same finish made again is stale (`LeaseLost`).
-            if earlier_tag == tag && tag == "ack" {
-                match self.kept_answer(&receipt).await {
-                    Ok(Some(answer)) => return finished(&answer),
-                    // Never ran, or its reply expired: finish afresh.
-                    Ok(None) => {}
-                    Err(error) => {
-                        *kept.lock().expect("not poisoned") = Some((tag, receipt));
-                        return Err(error);
-                    }
-                }
+        // Only an ack: a retry or fail that took effect may have let the task be handed out
+        // again since, and then the same finish made again is stale (`LeaseLost`).
+        let earlier = (tag == "ack")
+            .then(|| kept.lock().expect("not poisoned").clone())
+            .flatten()
+            .filter(|(earlier_tag, _)| *earlier_tag == tag)
+            .map(|(_, receipt)| receipt);
+        if let Some(receipt) = &earlier {
+            // Never ran, still on its way, or its reply expired: finish afresh.
+            if let Some(answer) = self.kept_answer(receipt).await? {
+                return finished(&answer);
             }
         }
         let (outcome, delay, reason) = match outcome {
@@ -161,26 +159,24 @@ impl Shared {
         };
         let part = partition_of(id, self.parts.len());
         let (reply, answer) = oneshot::channel();
-        let (receipt, mut lost) = oneshot::channel();
         let entry = Entry {
             args: redis_args![id, token, outcome, delay, reason],
             reply,
-            receipt: Some(receipt),
+            receipt: Some((tag, kept.clone())),
         };
         self.submit(Kind::Finish, part, entry);
-        match answer.await.map_err(|_| Error::Closed)? {
-            Ok(answer) => finished(&answer),
-            Err(error) => {
-                if let Ok(receipt) = lost.try_recv() {
-                    *kept.lock().expect("not poisoned") = Some((tag, receipt));
-                }
-                Err(error)
+        let answer = answer.await.map_err(|_| Error::Closed)??;
+        if let Some(receipt) = earlier.as_ref().filter(|_| answer != "1") {
+            // The earlier ack may have run between our look and this run.
+            if let Some(answer) = self.kept_answer(receipt).await? {
+                return finished(&answer);
             }
         }
+        finished(&answer)
     }
 
-    /// The answer an erred finish invocation kept for the entry at `receipt`, if it ran and
-    /// its reply is still kept. Runs as a write (it renews the reply's window), so with
+    /// The answer a finish invocation kept for the entry at `receipt`, if it ran and its
+    /// reply is still kept. Runs as a write (it renews the reply's window), so with
     /// `replicas(n)` it returns only once the replicas have what that invocation did.
     async fn kept_answer(&self, receipt: &Receipt) -> Result<Option<String>, Error> {
         let keys = &self.parts[receipt.part];

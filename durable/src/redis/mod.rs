@@ -84,7 +84,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_wheel::Wheel;
 
-pub(crate) use self::batch::Receipt;
+pub(crate) use self::batch::Kept;
 pub(crate) use self::connection::Target;
 use self::connection::{Link, classify, client, with_retries};
 use self::engine::RedisEngine;

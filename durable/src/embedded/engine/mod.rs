@@ -139,6 +139,34 @@ struct Core {
     lateness: LatenessWindow,
     /// Paused: nothing is claimed (kept in the store's `Meta`, so it survives a restart).
     paused: bool,
+    /// Tokens of the latest deliveries acked: an `ack` made again answers `Ok`, also when
+    /// the first call's caller went away before its answer (memory only, bounded).
+    acked: Acked,
+}
+
+/// The most recently acked delivery tokens, at most [`Acked::KEPT`].
+#[derive(Default)]
+struct Acked {
+    tokens: std::collections::HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+impl Acked {
+    const KEPT: usize = 4096;
+
+    fn contains(&self, token: u64) -> bool {
+        self.tokens.contains(&token)
+    }
+
+    fn insert(&mut self, token: u64) {
+        if self.tokens.insert(token) {
+            self.order.push_back(token);
+            if self.order.len() > Acked::KEPT {
+                let old = self.order.pop_front().expect("not empty");
+                self.tokens.remove(&old);
+            }
+        }
+    }
 }
 
 pub(crate) struct Engine {
@@ -207,6 +235,9 @@ struct StepState<'c> {
     counters: &'c mut Counters,
     lateness: &'c mut LatenessWindow,
     paused: &'c mut bool,
+    /// Deliveries acked before this step, and by it (kept once it commits).
+    acked: &'c Acked,
+    acked_now: Vec<u64>,
     now: u64,
 }
 

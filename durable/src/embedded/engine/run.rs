@@ -23,6 +23,7 @@ impl Engine {
             counters: Counters::default(),
             lateness: LatenessWindow::default(),
             paused: false,
+            acked: Acked::default(),
         };
         let (mut next_seq, mut counters, mut paused) = (0, Counters::default(), false);
         core.store.transact(&mut |tx| {

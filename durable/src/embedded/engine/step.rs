@@ -29,6 +29,7 @@ impl Core {
             counters,
             lateness,
             paused,
+            acked,
         } = self;
         let paused_before = *paused;
         let mut state = StepState {
@@ -39,6 +40,8 @@ impl Core {
             counters,
             lateness,
             paused,
+            acked,
+            acked_now: Vec::new(),
             now: plan.now,
         };
         let result = store.transact(&mut |tx| {
@@ -65,6 +68,12 @@ impl Core {
             Ok(())
         });
         let failure = result.err();
+        let acked_now = std::mem::take(&mut state.acked_now);
+        if failure.is_none() {
+            for token in acked_now {
+                self.acked.insert(token);
+            }
+        }
         for answer in answers {
             answer(failure.as_ref());
         }
@@ -414,7 +423,14 @@ impl StepState<'_> {
         finish: Finish,
     ) -> Result<(), Error> {
         if !self.flights.holds(id, token) {
-            return Err(Error::LeaseLost);
+            // An ack made again (its first caller gone before the answer, or two at once):
+            // the same delivery was acked, the task is gone — as the first said, `Ok`.
+            let acked = self.acked.contains(token) || self.acked_now.contains(&token);
+            return if matches!(finish, Finish::Ack) && acked {
+                Ok(())
+            } else {
+                Err(Error::LeaseLost)
+            };
         }
         let record = tasks.get(id)?.ok_or_else(|| missing(id))?;
         let max = self.settings.policy.attempts();
@@ -422,6 +438,7 @@ impl StepState<'_> {
             Finish::Ack => {
                 tasks.delete(id, &record)?;
                 self.counters.acked += 1;
+                self.acked_now.push(token);
             }
             // `retry_after` counts toward max_attempts like `retry`.
             Finish::Retry(_) if record.attempts >= max => {
