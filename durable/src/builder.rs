@@ -352,6 +352,7 @@ impl Builder {
             prefetch: self.prefetch,
             route: Route::Redis(shared),
             released: None,
+            streams: Default::default(),
         })
     }
 
@@ -392,6 +393,7 @@ impl Builder {
             prefetch: self.prefetch,
             route: Route::Engine,
             released: Some(on_release),
+            streams: Default::default(),
         })
     }
 }

@@ -23,6 +23,9 @@ pub struct Deliveries {
     pub(crate) in_transit: Arc<AtomicUsize>,
     /// Set by the engine when the queue closes: what is still buffered was returned.
     pub(crate) closed: Arc<AtomicBool>,
+    /// Set when the queue was paused through this stream's handle: what is buffered goes
+    /// back, unread, before anything is yielded.
+    pub(crate) give_back: Arc<AtomicBool>,
     pub(crate) prefetch: usize,
     pub(crate) requests: mpsc::UnboundedSender<Request>,
 }
@@ -44,6 +47,14 @@ impl Stream for Deliveries {
             self.receiver.close();
             while self.receiver.try_recv().is_ok() {}
             return Poll::Ready(None);
+        }
+        if self.give_back.swap(false, Ordering::AcqRel) {
+            // Paused: claims made before the pause are not handed out. Dropped unread, each
+            // goes back to its store at once, attempt count unchanged.
+            while let Ok(delivery) = self.receiver.try_recv() {
+                self.in_transit.fetch_sub(1, Ordering::AcqRel);
+                drop(delivery);
+            }
         }
         match self.receiver.poll_recv(cx) {
             Poll::Ready(Some(mut delivery)) => {

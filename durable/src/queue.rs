@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
@@ -36,6 +36,9 @@ pub struct DurableQueue {
     pub(crate) route: Route,
     /// Embedded: becomes `true` once the engine has released the store and its lock.
     pub(crate) released: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The streams of this handle and its clones: told to give back what they claimed ahead
+    /// when the queue is paused through any of them.
+    pub(crate) streams: Arc<std::sync::Mutex<Vec<std::sync::Weak<AtomicBool>>>>,
 }
 
 impl fmt::Debug for DurableQueue {
@@ -416,6 +419,12 @@ impl DurableQueue {
     /// until resumed. [`QueueStats::paused`] and [`is_paused`](DurableQueue::is_paused) say
     /// so.
     ///
+    /// What the streams of this handle (and its clones) had claimed ahead (`prefetch`) goes
+    /// back at once, unread: the embedded store's one process hands out nothing after the
+    /// pause returns. On Redis, a stream of *another* process learns of the pause at its next
+    /// claim: it may still yield what it had claimed ahead — at most its prefetch; build its
+    /// handle with `prefetch(1)` where a pause must stop even that.
+    ///
     /// ```
     /// # use std::time::Duration;
     /// # use futures::StreamExt;
@@ -442,7 +451,17 @@ impl DurableQueue {
     /// [`Error::Io`], [`Error::Unreachable`], [`Error::Closed`]; [`Error::Invalid`] on a
     /// read-only handle.
     pub async fn pause(&self) -> Result<(), Error> {
-        self.set_paused(true).await
+        self.set_paused(true).await?;
+        // What this handle's streams claimed ahead goes back, not out.
+        let mut streams = self.streams.lock().expect("not poisoned");
+        streams.retain(|stream| match stream.upgrade() {
+            Some(give_back) => {
+                give_back.store(true, Ordering::Release);
+                true
+            }
+            None => false,
+        });
+        Ok(())
     }
 
     /// Resumes a paused queue: its workers claim again at once (idle Redis workers are woken).
@@ -619,6 +638,11 @@ impl DurableQueue {
         let credits = Arc::new(AtomicUsize::new(0));
         let in_transit = Arc::new(AtomicUsize::new(0));
         let closed = Arc::new(AtomicBool::new(false));
+        let give_back = Arc::new(AtomicBool::new(false));
+        self.streams
+            .lock()
+            .expect("not poisoned")
+            .push(Arc::downgrade(&give_back));
         let _ = self.requests.send(Request::Subscribe(Consumer {
             credits: credits.clone(),
             in_transit: in_transit.clone(),
@@ -630,6 +654,7 @@ impl DurableQueue {
             credits,
             in_transit,
             closed,
+            give_back,
             prefetch: self.prefetch,
             requests: self.requests.clone(),
         }

@@ -42,14 +42,12 @@ mod findings {
     use super::Backend;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "finding: a stream yields the tasks it had prefetched before pause() returned, after it (embedded)"]
     async fn embedded_prefetched_claims_are_not_handed_out_after_a_pause() {
         super::prefetched_claims_are_not_handed_out_after_a_pause(Backend::Embedded).await;
     }
 
     #[cfg(feature = "redis")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "finding: a stream yields the tasks it had prefetched before pause() returned, after it (Redis)"]
     async fn redis_prefetched_claims_are_not_handed_out_after_a_pause() {
         super::prefetched_claims_are_not_handed_out_after_a_pause(Backend::Redis).await;
     }
