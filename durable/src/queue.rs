@@ -639,10 +639,13 @@ impl DurableQueue {
         let in_transit = Arc::new(AtomicUsize::new(0));
         let closed = Arc::new(AtomicBool::new(false));
         let give_back = Arc::new(AtomicBool::new(false));
-        self.streams
-            .lock()
-            .expect("not poisoned")
-            .push(Arc::downgrade(&give_back));
+        {
+            let mut streams = self.streams.lock().expect("not poisoned");
+            // Streams dropped since are forgotten here: a handle that makes a stream per
+            // message keeps no trace of the old ones.
+            streams.retain(|stream| stream.strong_count() > 0);
+            streams.push(Arc::downgrade(&give_back));
+        }
         let _ = self.requests.send(Request::Subscribe(Consumer {
             credits: credits.clone(),
             in_transit: in_transit.clone(),
