@@ -129,3 +129,36 @@ fn a_flood_on_a_current_thread_runtime_completes() {
         assert_eq!(timers.len().await, KEYS as usize);
     });
 }
+
+#[test]
+fn a_producer_thread_goes_on_when_the_actors_runtime_is_not_driven() {
+    // The actor's current-thread runtime is driven only inside `block_on`; between two, a
+    // producer thread that fills its shard waits for it at most a second, then goes on
+    // (waiting longer would deadlock a driver that joins the producer first).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (wheel, timers) = runtime.block_on(async {
+        let wheel = Wheel::new();
+        let (timers, _expired) = wheel.keyed::<u64, u64>();
+        for key in 0..KEYS {
+            timers.set(key, key, HOUR);
+        }
+        assert_eq!(timers.len().await, KEYS as usize);
+        (wheel, timers)
+    });
+    let producer = {
+        let timers = timers.clone();
+        std::thread::spawn(move || {
+            for i in 0..1_000_000u64 {
+                timers.reset(&(i % KEYS), HOUR);
+            }
+        })
+    };
+    producer.join().unwrap();
+    runtime.block_on(async {
+        assert_eq!(timers.len().await, KEYS as usize, "nothing lost");
+        wheel.shutdown().await;
+    });
+}

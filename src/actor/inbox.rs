@@ -26,7 +26,10 @@
 //! other tasks, the actor among them, move to another thread), blocking a thread outside any
 //! runtime — so commands waiting for the actor take at most twice the bound (in the shards and
 //! in the actor's batch), and an authoritative call queued behind them is answered within that
-//! many applies. Never on the thread of the current-thread runtime the actor runs on (the
+//! many applies. A sender waits at most [`STALL`] (1 s) for an actor that takes nothing (its
+//! current-thread runtime not driven, say: waiting longer could deadlock a program whose
+//! driver waits for that sender); until the actor takes the shard, its sends then go on
+//! without waiting. Never on the thread of the current-thread runtime the actor runs on (the
 //! actor needs that very thread) nor from inside the actor (a value's `Drop` it runs): there a
 //! flood stays unbounded, as a task that never yields would starve that runtime anyway. (Other
 //! current-thread runtimes' threads wait like any thread.) The actor applies
@@ -59,6 +62,11 @@ const RETAINED_COMMANDS: usize = 4 * 1024;
 /// at most twice this waits — a few tens of MiB of commands at ~40 bytes each.
 pub(crate) const BOUND_COMMANDS: usize = 256 * 1024;
 const MIN_SHARD_BOUND: usize = 4 * 1024;
+
+/// How long a sender waits for the actor to take its full shard before it concludes the
+/// actor is not running (its current-thread runtime not driven, say) and goes on: waiting
+/// longer could deadlock a program whose runtime's driver waits for that sender.
+const STALL: std::time::Duration = std::time::Duration::from_secs(1);
 
 std::thread_local! {
     /// Set while this thread runs an actor's synchronous work (applying commands, firing):
@@ -94,6 +102,9 @@ struct Shard<C> {
     stopped: bool,
     /// Senders waiting for room in this shard (a full shard).
     waiting: usize,
+    /// A sender waited [`STALL`] for the actor to take this full shard in vain (the actor's
+    /// runtime is not being driven): until the actor takes it, sends no longer wait.
+    stalled: bool,
 }
 
 /// A shard behind its lock, and where senders wait for the actor to take it.
@@ -210,6 +221,7 @@ impl<C> Inbox<C> {
                         free: Vec::new(),
                         stopped: false,
                         waiting: 0,
+                        stalled: false,
                     }),
                     Condvar::new(),
                 ))
@@ -327,13 +339,23 @@ impl<C> Inbox<C> {
         }
         let wait = || {
             let mut state = self.lock(shard);
-            while !state.stopped && self.is_full(&state) {
+            let give_up = std::time::Instant::now() + STALL;
+            while !state.stopped && !state.stalled && self.is_full(&state) {
+                let left = give_up.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    tracing::warn!(
+                        "a timer wheel's actor did not take its commands for {STALL:?}: \
+                         senders stop waiting for it until it does"
+                    );
+                    state.stalled = true;
+                    break;
+                }
                 state.waiting += 1;
                 state = self.shards[shard]
                     .0
                     .1
-                    .wait(state)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    .wait_timeout(state, left)
+                    .map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
                 state.waiting -= 1;
             }
         };
@@ -350,7 +372,8 @@ impl<C> Inbox<C> {
     }
 
     /// Lets the senders waiting for room in a shard just taken go on.
-    fn room_made(&self, shard: usize, state: &Shard<C>) {
+    fn room_made(&self, shard: usize, state: &mut Shard<C>) {
+        state.stalled = false;
         if state.waiting > 0 {
             self.shards[shard].0.1.notify_all();
         }
@@ -562,7 +585,7 @@ impl<C> Inbox<C> {
             if let Some(freed) = freed.get_mut(shard) {
                 state.free.append(freed);
             }
-            self.room_made(shard, &state);
+            self.room_made(shard, &mut state);
         }
         into.len() - before
     }
@@ -584,7 +607,7 @@ impl<C> Inbox<C> {
             } else {
                 into.append(&mut state.commands);
             }
-            self.room_made(shard, &state);
+            self.room_made(shard, &mut state);
         }
         took
     }
@@ -596,7 +619,7 @@ impl<C> Inbox<C> {
         let mut state = self.lock(shard);
         let took = state.commands.len();
         into.append(&mut state.commands);
-        self.room_made(shard, &state);
+        self.room_made(shard, &mut state);
         took
     }
 
@@ -696,7 +719,7 @@ impl<C> Inbox<C> {
             state.stopped = true;
             into.append(&mut state.commands);
             state.commands = VecDeque::new();
-            self.room_made(shard, &state);
+            self.room_made(shard, &mut state);
         }
     }
 
@@ -709,7 +732,7 @@ impl<C> Inbox<C> {
             took += state.commands.len();
             into.append(&mut state.commands);
             state.commands = VecDeque::new();
-            self.room_made(shard, &state);
+            self.room_made(shard, &mut state);
         }
         took
     }
