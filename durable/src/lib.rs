@@ -75,6 +75,8 @@
 //! - `serde`: JSON payload helpers (`Task::json`, `Delivery::json`).
 //! - `metrics`: [`QueueStats`] through the `metrics` facade
 //!   (`QueueStats::record_metrics`, `DurableQueue::export_metrics`).
+//! - `dashboard`: the web board (`dashboard::router`), on axum 0.8.
+//! - `cli`: the operator's command line `twq` (with `twq dashboard`).
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -85,6 +87,8 @@
 
 mod builder;
 mod cursor;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
 mod delivery;
 mod embedded;
 mod error;
@@ -98,6 +102,10 @@ mod recurring;
 #[cfg(feature = "redis")]
 mod redis;
 mod task;
+// Durations and times in and out; also compiled into `twq` (src/bin/twq/main.rs).
+#[cfg(feature = "dashboard")]
+#[allow(dead_code)]
+mod units;
 
 pub use self::embedded::store;
 pub(crate) use self::embedded::{engine, tasks};

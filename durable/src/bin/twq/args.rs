@@ -132,6 +132,26 @@ pub(crate) enum Command {
     Pause,
     /// Let the workers of a paused queue claim again (idle ones are woken).
     Resume,
+    /// Serve the web board: overview with a chart, lists, search by id, task pages,
+    /// recurring schedules and actions. Runs until Ctrl-C. Looking writes nothing to Redis:
+    /// the pages read through a read-only handle, and the handle that writes is opened at
+    /// the first action.
+    Dashboard(Dashboard),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct Dashboard {
+    /// Where to listen. Loopback unless told otherwise; any other address needs
+    /// --token-file.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Show no action and refuse every POST (403).
+    #[arg(long)]
+    pub(crate) read_only: bool,
+    /// A file holding the token every request must carry (`?token=…` once in a browser, or
+    /// `Authorization: Bearer …`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -14,8 +14,11 @@
 //! `tokio_wheel_durable`.
 
 mod args;
+mod board;
 mod detail;
 mod show;
+// Shared with the board (`dashboard`): the same file, compiled in both.
+#[path = "../../units.rs"]
 mod units;
 
 use std::io::{Read, Write};
@@ -174,7 +177,10 @@ async fn run(cli: &Cli) -> Result<Output, Failure> {
     let target = target(cli);
     let wheel = Wheel::new();
     let queue = within(cli.timeout, &target, open(cli, &wheel)).await?;
-    let result = execute(cli, &queue, &target).await;
+    let result = match &cli.command {
+        Command::Dashboard(args) => board::serve(cli, args, &queue, &wheel, &target).await,
+        _ => execute(cli, &queue, &target).await,
+    };
     // Releases the file's lock (or the Redis connection) before exiting; nothing was claimed,
     // so this returns at once.
     let _ = tokio::time::timeout(cli.timeout, queue.close()).await;
@@ -191,6 +197,7 @@ async fn open(cli: &Cli, wheel: &Wheel) -> Result<DurableQueue, Failure> {
             | Command::List(_)
             | Command::Get { .. }
             | Command::Recurring(RecurringCommand::List { .. })
+            | Command::Dashboard(_)
     );
     let builder = DurableQueue::builder()
         .partitions(cli.partitions)
@@ -468,6 +475,9 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
                 json: json!({"purged": purged, "older_than_ms": u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX)}),
             })
         }
+        Command::Dashboard(_) => Err(Failure::Error(
+            "the board is served by `board::serve`, not run as one command".into(),
+        )),
         Command::Pause | Command::Resume => {
             let pause = matches!(cli.command, Command::Pause);
             if pause {
