@@ -7,14 +7,14 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use axum::extract::{Form, Path, State};
-use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::http::StatusCode;
+use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
+use super::Board;
 use super::guard::{cross_site, same_secret};
 use super::html::{href, query_value};
 use super::pages::{Ctx, Failure};
-use super::Board;
 use crate::units::{parse_duration, parse_time, rfc3339, short};
 use crate::{DurableQueue, TaskFilter, TaskId};
 
@@ -131,7 +131,10 @@ async fn perform(
             let text = if done {
                 format!("Task {} is pending again, due now.", id.as_str())
             } else {
-                format!("Task {} was not a dead letter: nothing redriven.", id.as_str())
+                format!(
+                    "Task {} was not a dead letter: nothing redriven.",
+                    id.as_str()
+                )
             };
             Ok((text, task_page(&id)))
         }

@@ -72,7 +72,12 @@ impl History {
         let (delivered, failed) = bars
             .iter()
             .fold((0, 0), |(d, f), (bd, bf)| (d + bd, f + bf));
-        let peak = bars.iter().map(|(d, f)| (*d).max(*f)).max().unwrap_or(0).max(1);
+        let peak = bars
+            .iter()
+            .map(|(d, f)| (*d).max(*f))
+            .max()
+            .unwrap_or(0)
+            .max(1);
         let (width, height, left, bottom) = (720u64, 180u64, 44u64, 22u64);
         let plot_h = height - bottom - 8;
         let slot = (width - left) / SPAN_MINUTES;

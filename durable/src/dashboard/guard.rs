@@ -27,8 +27,7 @@ pub(super) fn random_secret() -> String {
 /// `a == b` in time that depends only on their lengths.
 pub(super) fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len()
-        && a
-            .bytes()
+        && a.bytes()
             .zip(b.bytes())
             .fold(0u8, |diff, (x, y)| diff | (x ^ y))
             == 0
@@ -82,7 +81,11 @@ fn presented(request: &Request) -> (Option<String>, bool) {
 }
 
 /// Every request passes here: the token first, then the page, then the safety headers.
-pub(super) async fn guard(State(board): State<Arc<Board>>, request: Request, next: Next) -> Response {
+pub(super) async fn guard(
+    State(board): State<Arc<Board>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let mut response = match &board.token {
         None => next.run(request).await,
         Some(token) => match presented(&request) {
@@ -196,16 +199,25 @@ mod tests {
     #[test]
     fn cross_site_requests_are_told_apart() {
         let mut headers = HeaderMap::new();
-        assert!(!cross_site(&headers), "no browser headers: a script or curl");
+        assert!(
+            !cross_site(&headers),
+            "no browser headers: a script or curl"
+        );
         headers.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(cross_site(&headers));
         headers.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
         assert!(!cross_site(&headers));
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
-        headers.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
         assert!(cross_site(&headers));
-        headers.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
         assert!(!cross_site(&headers));
     }
 

@@ -78,7 +78,9 @@ pub fn router(queue: DurableQueue) -> Router {
     Dashboard::new(queue).router()
 }
 
-type Opener = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<DurableQueue, Error>> + Send>> + Send + Sync>;
+type Opener = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<DurableQueue, Error>> + Send>> + Send + Sync,
+>;
 
 /// A board with its settings; [`router`](Dashboard::router) makes the axum router.
 ///
@@ -305,5 +307,7 @@ impl Board {
 
 /// A lock whose holder never panics while holding it; a poisoned one is still usable.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

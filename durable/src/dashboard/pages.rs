@@ -174,12 +174,19 @@ pub(super) async fn overview(State(board): State<Arc<Board>>, ctx: Ctx) -> Respo
             true,
         ));
     }
-    ok(html::page(&ctx.frame(&board), Tab::Overview, "Overview", &body))
+    ok(html::page(
+        &ctx.frame(&board),
+        Tab::Overview,
+        "Overview",
+        &body,
+    ))
 }
 
 fn cards(stats: &QueueStats) -> String {
     let card = |class: &str, n: String, k: &str| {
-        format!("<div class=\"card {class}\" id=count-{class}><div class=n>{n}</div><div class=k>{k}</div></div>")
+        format!(
+            "<div class=\"card {class}\" id=count-{class}><div class=n>{n}</div><div class=k>{k}</div></div>"
+        )
     };
     [
         card("pending", stats.pending.to_string(), "pending"),
@@ -349,7 +356,11 @@ pub(super) async fn task(
     ctx: Ctx,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let Some(id) = query.get("id").map(|id| id.trim()).filter(|id| !id.is_empty()) else {
+    let Some(id) = query
+        .get("id")
+        .map(|id| id.trim())
+        .filter(|id| !id.is_empty())
+    else {
         return Failure::BadRequest("give a task's id to search for".into()).page(&board, &ctx);
     };
     let id = TaskId::from(id);
@@ -416,7 +427,10 @@ pub(super) async fn task(
 
 /// The actions a task in `state` allows.
 fn task_actions(base: &str, csrf: &str, id: &TaskId, state: &TaskState) -> String {
-    let id_field = format!("<input type=hidden name=id value=\"{}\">", escape(id.as_str()));
+    let id_field = format!(
+        "<input type=hidden name=id value=\"{}\">",
+        escape(id.as_str())
+    );
     match state {
         TaskState::Pending => {
             let reschedule = format!(
@@ -424,7 +438,14 @@ fn task_actions(base: &str, csrf: &str, id: &TaskId, state: &TaskState) -> Strin
                  placeholder=\"10m, or 2026-12-01T09:00:00Z\"></label>"
             );
             action(base, csrf, "/actions/cancel", &id_field, "Cancel", true)
-                + &action(base, csrf, "/actions/reschedule", &reschedule, "Reschedule", false)
+                + &action(
+                    base,
+                    csrf,
+                    "/actions/reschedule",
+                    &reschedule,
+                    "Reschedule",
+                    false,
+                )
         }
         TaskState::Dead { .. } => action(
             base,

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod backend;
+#[cfg(feature = "dashboard")]
+pub mod browser;
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_cluster;

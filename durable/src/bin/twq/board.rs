@@ -26,9 +26,8 @@ pub(crate) async fn serve(
 ) -> Result<Output, Failure> {
     let token = match &args.token_file {
         Some(file) => {
-            let text = std::fs::read_to_string(file).map_err(|e| {
-                Failure::Error(format!("--token-file {}: {e}", file.display()))
-            })?;
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| Failure::Error(format!("--token-file {}: {e}", file.display())))?;
             let token = text.trim().to_owned();
             if token.is_empty() {
                 return Err(Failure::Error(format!(
