@@ -7,6 +7,7 @@
 
 mod support;
 
+#[cfg(feature = "cli")]
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
@@ -307,11 +308,13 @@ async fn every_page_and_action_works_in_a_browser_on_a_file() {
 }
 
 /// `twq … dashboard` as a child process, stopped when dropped.
+#[cfg(feature = "cli")]
 struct Board {
     child: Child,
     url: String,
 }
 
+#[cfg(feature = "cli")]
 impl Drop for Board {
     fn drop(&mut self) {
         let _ = self.child.kill();

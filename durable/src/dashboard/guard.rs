@@ -64,10 +64,8 @@ fn presented(request: &Request) -> (Option<String>, bool) {
             continue;
         };
         for pair in cookies.split(';') {
-            if let Some((name, value)) = pair.trim().split_once('=') {
-                if name == COOKIE {
-                    return (Some(value.to_owned()), false);
-                }
+            if let Some((COOKIE, value)) = pair.trim().split_once('=') {
+                return (Some(value.to_owned()), false);
             }
         }
     }

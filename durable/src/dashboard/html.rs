@@ -275,6 +275,7 @@ padding:.4rem .6rem;background:var(--card);border:1px solid var(--line);border-r
 button{padding:.3rem .7rem;border-radius:4px;border:1px solid #9aa4b2;background:#fff;cursor:pointer}\
 .confirm{font-size:12px;color:var(--muted)}\
 .chart{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:.5rem}\
+.chart svg{width:100%;height:auto}#counters{max-width:36rem}\
 .legend span{display:inline-block;margin-right:1rem}\
 .sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:-1px}\
 a{color:var(--blue)}\

@@ -91,6 +91,7 @@ type Opener = Arc<
 /// Dashboard::new(queue)
 ///     .title("orders")
 ///     .token(std::env::var("BOARD_TOKEN").unwrap())
+///     .sample_every(Duration::from_secs(30))
 ///     .router()
 /// # }
 /// ```
@@ -203,6 +204,11 @@ impl Dashboard {
             notices: Mutex::new(VecDeque::new()),
             next_notice: AtomicU64::new(1),
         });
+        // Inside a runtime (as an app builds its router), the chart starts counting now;
+        // else at the first request.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            board.start_sampling();
+        }
         Router::new()
             .route("/", get(pages::overview))
             .route("/tasks/{state}", get(pages::list))
