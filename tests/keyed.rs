@@ -279,3 +279,33 @@ async fn a_drain_after_the_wheel_cascaded_keeps_the_set_working() {
         stats.fired + stats.cancelled + stats.pending
     );
 }
+
+/// A `set` made while the actor works through a flood, just before the last `Timers` goes,
+/// is applied in order and fires at its deadline; then the stream ends (API.md §3). The
+/// actor's look for a last command before it stops took it into its batch and left it
+/// there, and its next turn's take tripped over it (a panic that stopped the whole wheel, so
+/// the entry came out flushed as by a shutdown; in a release build, commands sent meanwhile
+/// could be applied ahead of it).
+#[tokio::test(start_paused = true)]
+async fn a_set_sent_as_the_last_timers_goes_during_a_flood_fires_then_the_stream_ends() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    // Removes of absent keys: nothing is filed, but applying them takes the actor more than
+    // one slice, and it lets other tasks run in between.
+    for key in 0..200_000 {
+        timers.remove(&key);
+    }
+    let last = timers.clone();
+    drop(timers);
+    let sender = tokio::spawn(async move {
+        last.set(u64::MAX, 7, secs(5));
+    });
+    let start = Instant::now();
+    let e = expired.next().await.unwrap();
+    assert!(!e.is_shutdown(), "flushed: the wheel stopped");
+    assert_eq!(e.into_parts(), (u64::MAX, 7));
+    assert_eq!(start.elapsed(), secs(5));
+    assert!(expired.next().await.is_none());
+    sender.await.unwrap();
+    assert!(!wheel.is_shutdown());
+}

@@ -456,3 +456,167 @@ async fn a_reset_racing_expiry_fires_once_and_never_early() {
     let stats = wheel.stats();
     assert_eq!(stats.fired, u64::from(ROUNDS));
 }
+
+/// Spins (no sleep: finer than a timer) until `at`.
+fn spin_until(at: Instant) {
+    while Instant::now() < at {
+        std::hint::spin_loop();
+    }
+}
+
+/// A later `reset` through the handle that returned before the entry's deadline always wins:
+/// the entry expires at the new deadline only — also when the reset had to queue behind a
+/// by-key command in flight on its key, and while a flood of by-key commands on other keys
+/// keeps the actor firing between slices of its batches (where it has taken commands but not
+/// applied them). Many rounds on two workers, each reset made at a random moment just before
+/// (or after) the old deadline; the rounds where the reset returned before it and the entry
+/// still fired at it are counted, and there must be none. Catches an actor that fires an
+/// entry whose handle's move is registered but not yet applied (with both of its hold-backs
+/// disabled, the deadline word's and the flood's by stripe, ~50 of ~700 such rounds lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_that_returned_before_the_old_deadline_always_wins_in_every_round() {
+    const WAVES: u64 = 150;
+    const PER_WAVE: u64 = 8;
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, ()>();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let (timers, stop) = (timers.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut key = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for _ in 0..256 {
+                    let other = (1 << 40) + key % 50_000;
+                    timers.set(other, (), secs(3_600));
+                    timers.reset(&other, secs(3_601));
+                    key += 1;
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+    let mut rng = Rng(0x00DD_BA11);
+    let (mut raced, mut lost) = (0, Vec::new());
+    for wave in 0..WAVES {
+        let mut resets = Vec::new();
+        for i in 0..PER_WAVE {
+            let key = wave * PER_WAVE + i;
+            let old = Instant::now() + Duration::from_micros(1_500 + rng.below(1_000));
+            let timer = timers.insert_at(key, (), old);
+            if rng.below(2) == 0 {
+                // A by-key command in flight on the key: the handle's reset queues behind it.
+                timers.reset_at(&key, old);
+            }
+            let lead = Duration::from_micros(rng.below(300));
+            resets.push(tokio::task::spawn_blocking(move || {
+                spin_until(old - lead);
+                let new = old + Duration::from_millis(5);
+                timer.reset_at(new);
+                (key, old, new, Instant::now())
+            }));
+        }
+        let mut fired = std::collections::HashMap::new();
+        while fired.len() < PER_WAVE as usize {
+            let e = tokio::time::timeout(secs(30), expired.next())
+                .await
+                .expect("an entry never expired (30 s)")
+                .expect("the stream ended early");
+            assert!(
+                fired.insert(*e.key(), e.deadline()).is_none(),
+                "fired twice"
+            );
+        }
+        for reset in resets {
+            let (key, old, new, returned) = reset.await.unwrap();
+            let deadline = fired[&key];
+            assert!(
+                deadline == old || deadline == new,
+                "key {key}: a deadline never set"
+            );
+            if returned < old {
+                raced += 1;
+                if deadline == old {
+                    lost.push(key);
+                }
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    eprintln!(
+        "{raced} of {} resets returned before the old deadline",
+        WAVES * PER_WAVE
+    );
+    assert!(
+        lost.is_empty(),
+        "{} of {raced} resets that returned before the old deadline lost to it: keys {lost:?}",
+        lost.len()
+    );
+    assert!(
+        raced > 0,
+        "no reset returned before its deadline: the race never ran"
+    );
+}
+
+/// A handle made stale in any way — its entry removed by key or through the handle, taken,
+/// drained, replaced or expired, while another task still resets it — lets the stream end
+/// once the last `Timers` is gone (API.md §3): what a stale handle holds keeps neither the
+/// stream open nor the set's actor running. On two workers, the last `Timers` dropped at a
+/// random moment of the race. Catches a set that waits for its handles to go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_handles_of_every_kind_never_keep_the_stream_open() {
+    let wheel = Wheel::new();
+    let mut rng = Rng(0x57A1E);
+    for round in 0..200 {
+        let (timers, mut expired) = wheel.keyed::<u32, u32>();
+        let handles: Vec<_> = (0..4)
+            .map(|key| timers.insert(key, key, Duration::from_micros(200 + rng.below(800))))
+            .collect();
+        let resetters: Vec<_> = handles
+            .iter()
+            .cloned()
+            .map(|timer| {
+                let spin = Duration::from_micros(rng.below(600));
+                tokio::spawn(async move {
+                    let began = std::time::Instant::now();
+                    while !timer.is_stale() && began.elapsed() < spin {
+                        timer.reset(Duration::from_micros(300));
+                        tokio::task::yield_now().await;
+                    }
+                    timer
+                })
+            })
+            .collect();
+        let how = rng.below(6);
+        match how {
+            0 => {} // they expire
+            1 => (0..4).for_each(|key| timers.remove(&key)),
+            2 => handles.iter().for_each(|timer| timer.remove()),
+            3 => {
+                for timer in &handles {
+                    let _ = timer.take().await;
+                }
+            }
+            4 => drop(timers.drain().await),
+            _ => (0..4).for_each(|key| timers.set(key, 9, Duration::from_micros(100))),
+        }
+        tokio::time::sleep(Duration::from_micros(rng.below(500))).await;
+        drop(timers);
+        let mut stale = Vec::new();
+        for resetter in resetters {
+            stale.push(resetter.await.unwrap());
+        }
+        let ended = tokio::time::timeout(secs(30), async {
+            while let Some(e) = expired.next().await {
+                assert!(!e.is_shutdown(), "round {round}: flushed by a stop");
+            }
+        })
+        .await;
+        assert!(
+            ended.is_ok(),
+            "round {round} (way {how}): the stream stayed open (30 s) with only stale handles"
+        );
+        assert!(stale.iter().all(KeyedTimer::is_stale), "round {round}");
+        drop((handles, stale));
+    }
+}

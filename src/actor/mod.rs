@@ -311,6 +311,10 @@ impl<M: Machine> Actor<M> {
                     tracing::debug!("no handle left and nothing pending: actor exits");
                     break Exit::Quiet;
                 }
+                // Applied before the next turn takes again: a take must find the batch empty
+                // (a keyed set's merge hands a lone shard's commands on whole, by swapping them
+                // into the batch, which would put these behind commands made after them).
+                self.apply_batch().await;
                 continue;
             }
             let now = self.shared.clock.now();
@@ -387,8 +391,13 @@ impl<M: Machine> Actor<M> {
         }
     }
 
-    /// Takes every queued command into the batch; returns how many.
+    /// Takes every queued command into the batch (which must be empty: everything taken
+    /// before is applied first); returns how many.
     fn take(&mut self) -> usize {
+        debug_assert!(
+            self.batch.is_empty(),
+            "a take behind commands not yet applied"
+        );
         let took = self.machine.take(&self.inbox, &mut self.batch);
         self.delta.commands += took as u64;
         took

@@ -186,12 +186,14 @@ where
         }
     }
 
-    /// Queues one of this handle's commands, counted in its word (not in the ledger).
-    /// Counts a command of this handle in its word and in its key's stripe (it is ordered
-    /// with the by-key commands on the key), and queues it.
+    /// Counts a command of this handle in its word (which holds the entry back from firing
+    /// until it is applied) and in its key's stripe (it is ordered with the by-key commands on
+    /// the key), and queues it.
     fn send(&self, command: impl FnOnce(Seq) -> KeyedCommand<K, V>, urgency: Urgency) {
         self.set.send(Ledger::stripe(self.hash), urgency, |seq| {
-            self.word.sending();
+            // Queued even if the entry went meanwhile: the command is counted in the stripe
+            // already, and the actor finds the entry gone.
+            let _live = self.word.sending();
             command(seq)
         });
     }

@@ -22,12 +22,18 @@
 //! command, behind the others.
 //!
 //! Such a queued move must still win against an expiry it raced, if it returned before the
-//! deadline: an actor's turn takes its inbox and only then reads the clock to fire, so a move
-//! queued in between would be missed by a firing that the clock says is due. So the actor
-//! never fires an entry whose word counts a command in flight: it looks again once its next
-//! turn has taken that command (at most a turn late, and only while they race). The count is
-//! raised before the command is queued, so an actor that read it as zero read it before the
-//! handle sent — before the handle's `reset` returned.
+//! deadline: an actor's turn may fire between taking its inbox and applying what it took (a
+//! flood's turn fires between slices of its batch, and reads the clock after the take), so a
+//! move queued in between would be missed by a firing that the clock says is due. So a handle
+//! that queues a command which writes the entry first marks the word *held* (one
+//! read-modify-write on the word itself), and the actor never fires a held entry: it looks
+//! again once it has applied the handle's commands (at most a turn late, and only while they
+//! race). The mark and the actor's decision to fire are two read-modify-writes on one word, so
+//! one of them sees the other: either the actor finds the entry held, or the handle finds it
+//! gone — it fired first, by a clock the actor read before the handle's mark, so the handle's
+//! `reset` returned after the deadline. (A count the actor only loads would not do: that load
+//! is ordered neither with the handle's count nor with the actor's own clock read.) The actor lifts the mark when
+//! it has applied the last command in flight (see [`DeadlineWord::applied`]).
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -36,18 +42,28 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Set once the entry is gone.
 const GONE: u64 = 1 << 63;
-/// The deadline range a word holds: ±2^62 ns (146 years) around the wheel's origin. Keyed
-/// deadlines never pass [`NEVER`](super::clock::NEVER) = 2^61 − 1; earlier ones saturate.
-const MIN_DEADLINE: i64 = -(1 << 62);
-const MAX_DEADLINE: i64 = (1 << 62) - 1;
+/// Set while a command of the entry's handles that writes it is in flight: the actor must not
+/// fire the entry (see the module).
+const HELD: u64 = 1 << 62;
+/// The bits that hold the deadline.
+const DEADLINE_BITS: u64 = HELD - 1;
+/// The deadline range a word holds: ±2^61 ns (73 years) around the wheel's origin. Keyed
+/// deadlines never pass [`NEVER`](super::clock::NEVER) = 2^61 − 1 (the top of the range);
+/// earlier ones saturate.
+const MIN_DEADLINE: i64 = -(1 << 61);
+const MAX_DEADLINE: i64 = (1 << 61) - 1;
+const _: () = assert!(MAX_DEADLINE as u64 == super::clock::NEVER);
 
-fn pack(gone: bool, deadline: i64) -> u64 {
-    let biased = (deadline.clamp(MIN_DEADLINE, MAX_DEADLINE) - MIN_DEADLINE) as u64;
-    if gone { GONE | biased } else { biased }
+/// The deadline bits of a word.
+fn pack(deadline: i64) -> u64 {
+    (deadline.clamp(MIN_DEADLINE, MAX_DEADLINE) - MIN_DEADLINE) as u64
 }
 
 fn unpack(word: u64) -> (bool, i64) {
-    (word & GONE != 0, (word & !GONE) as i64 + MIN_DEADLINE)
+    (
+        word & GONE != 0,
+        (word & DEADLINE_BITS) as i64 + MIN_DEADLINE,
+    )
 }
 
 /// What a handle's move did to the word.
@@ -69,6 +85,9 @@ pub(crate) enum Due {
     Fire(i64),
     /// Moved later, to this deadline: file it again.
     Later(i64),
+    /// A handle's command that writes the entry is in flight (it may move or remove it, and
+    /// may have returned before the deadline): look again once it is applied.
+    Held,
 }
 
 /// An entry's deadline (a signed nanosecond offset from the wheel's origin) and whether the
@@ -77,9 +96,10 @@ pub(crate) enum Due {
 pub(crate) struct DeadlineWord {
     word: AtomicU64,
     /// The handles' own commands in flight that write the entry (moves, removals, takes: not
-    /// an advance, which only reads the word). Handles count up before queueing one; the actor
-    /// counts down once it has applied it — if the entry is still live: a gone entry's word
-    /// refuses every move anyway.
+    /// an advance, which only reads the word). Handles count up (and mark the word
+    /// [`HELD`]) before queueing one; the actor counts down once it has applied it — if the
+    /// entry is still live: a gone entry's word refuses every move anyway — and lifts the mark
+    /// with the last.
     in_flight: AtomicU32,
     /// Where the actor filed the entry ([`UNFILED`] until it applies the insert): handles name
     /// the entry by it. Written once, by the actor.
@@ -93,7 +113,7 @@ impl DeadlineWord {
     /// A live entry's word.
     pub(crate) fn new(deadline: i64) -> Self {
         DeadlineWord {
-            word: AtomicU64::new(pack(false, deadline)),
+            word: AtomicU64::new(pack(deadline)),
             in_flight: AtomicU32::new(0),
             id: AtomicU32::new(UNFILED),
         }
@@ -109,15 +129,32 @@ impl DeadlineWord {
         Some(self.id.load(Ordering::Relaxed)).filter(|&id| id != UNFILED)
     }
 
-    /// A handle is about to queue a command for this entry.
-    pub(crate) fn sending(&self) {
+    /// A handle is about to queue a command that writes this entry: counts it and holds the
+    /// entry back from firing until the actor has applied it. Returns whether the entry was
+    /// live then; if not, it fired (or went) first, and the command will find it gone.
+    pub(crate) fn sending(&self) -> bool {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        // Release: publishes the count to an actor whose lift reads this mark (`applied`).
+        self.word.fetch_or(HELD, Ordering::AcqRel) & GONE == 0
     }
 
     /// The actor applied a handle's command for this live entry; what it did to the word is
-    /// published with the count.
+    /// published with the count. With the last command in flight applied, the entry may fire
+    /// again.
+    ///
+    /// A handle may count another command meanwhile, whose mark must stay: the actor lifts the
+    /// mark, then reads the count again and marks the word again if it is not zero. The marks
+    /// and the lift are read-modify-writes of one word, so they are ordered: a mark after the
+    /// lift stays; a mark before it is read by the lift (acquire), and with it the count made
+    /// before the mark, which the read of the count then sees. The actor is the only one to
+    /// fire, and it does not in between.
     pub(crate) fn applied(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Release);
+        if self.in_flight.fetch_sub(1, Ordering::Release) == 1 {
+            self.word.fetch_and(!HELD, Ordering::AcqRel);
+            if self.in_flight.load(Ordering::Relaxed) != 0 {
+                self.word.fetch_or(HELD, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Whether every command this entry's handles sent has been applied (and its effect on
@@ -133,15 +170,16 @@ impl DeadlineWord {
     }
 
     /// Sets the deadline of a live entry, from the handle or (for a by-key or queued move) the
-    /// actor. One compare-and-swap, uncontended unless the actor is deciding this very entry.
+    /// actor; a hold stays. One compare-and-swap, uncontended unless the actor is deciding this
+    /// very entry.
     pub(crate) fn move_to(&self, deadline: i64) -> Moved {
-        let new = pack(false, deadline);
         let mut current = self.word.load(Ordering::Acquire);
         loop {
             let (gone, old) = unpack(current);
             if gone {
                 return Moved::Gone;
             }
+            let new = (current & HELD) | pack(deadline);
             if current == new {
                 return Moved::Later;
             }
@@ -157,7 +195,7 @@ impl DeadlineWord {
     }
 
     /// The actor: the entry's tick came, and everything due by `limit` may fire. Marks the
-    /// word gone if it fires.
+    /// word gone if it fires; never fires a held entry.
     pub(crate) fn on_due(&self, limit: i64) -> Due {
         let mut current = self.word.load(Ordering::Acquire);
         loop {
@@ -166,6 +204,9 @@ impl DeadlineWord {
                 !gone,
                 "only the actor retires a word, and it unfiles it then"
             );
+            if current & HELD != 0 {
+                return Due::Held;
+            }
             if deadline > limit {
                 return Due::Later(deadline);
             }
@@ -369,6 +410,24 @@ mod tests {
     }
 
     #[test]
+    fn a_handles_queued_command_holds_the_entry_until_the_last_is_applied() {
+        let word = DeadlineWord::new(5);
+        assert!(word.sending(), "live when it was sent");
+        assert!(word.sending());
+        assert_eq!(word.on_due(100), Due::Held);
+        // Moves keep the hold; the first command applied lifts nothing.
+        assert_eq!(word.move_to(50), Moved::Later);
+        word.applied();
+        assert_eq!(word.on_due(100), Due::Held);
+        word.applied();
+        assert!(word.is_quiet());
+        assert_eq!(word.on_due(10), Due::Later(50));
+        assert_eq!(word.on_due(50), Due::Fire(50));
+        assert!(!word.sending(), "gone when it was sent");
+        assert_eq!(word.load(), (true, 50));
+    }
+
+    #[test]
     fn a_stripe_is_quiet_once_everything_counted_is_applied() {
         let ledger = Ledger::default();
         let stripe = Ledger::stripe(u64::MAX);
@@ -430,6 +489,90 @@ mod loom_model {
                 Moved::Later => panic!("1 is earlier than 5"),
             }
             assert_eq!(word.load(), (true, had));
+        });
+    }
+
+    /// A handle's move that had to queue (its stripe was busy) races the actor firing the
+    /// entry at its old deadline — a flood's turn, which fires with commands taken but not yet
+    /// applied, or before it takes the move. Either the move is registered first and the entry
+    /// is held until it is applied, then due at the new deadline only; or the entry fired
+    /// first and the handle sees it gone (its `reset` returned after the actor's clock read).
+    #[test]
+    fn a_queued_move_registered_before_the_firing_always_wins() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(5));
+            let queue = Arc::new(Mutex::new(Vec::<i64>::new()));
+            let handle = {
+                let (word, queue) = (word.clone(), queue.clone());
+                thread::spawn(move || {
+                    let live = word.sending();
+                    queue.lock().unwrap().push(50);
+                    live
+                })
+            };
+            // The actor's clock says the old deadline has come.
+            let due = word.on_due(5);
+            let live = handle.join().unwrap();
+            match due {
+                Due::Fire(5) => assert!(!live, "fired at 5 though the move came first"),
+                Due::Held => {
+                    assert!(live);
+                    // The next turn applies the move: due at 50, and only then.
+                    for deadline in std::mem::take(&mut *queue.lock().unwrap()) {
+                        assert_eq!(word.move_to(deadline), Moved::Later);
+                        word.applied();
+                    }
+                    assert_eq!(word.on_due(49), Due::Later(50));
+                    assert_eq!(word.on_due(50), Due::Fire(50));
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+    }
+
+    /// The actor lifts the hold as it applies the last command in flight, while the handle
+    /// queues another: the new one's hold is never lost (the entry never fires past a move
+    /// registered while it was live), and no hold outlives the commands (the entry fires once
+    /// they are applied).
+    #[test]
+    fn a_hold_is_lifted_only_with_nothing_in_flight() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(5));
+            let queue = Arc::new(Mutex::new(Vec::<i64>::new()));
+            // A first move in flight already.
+            assert!(word.sending());
+            queue.lock().unwrap().push(20);
+            let handle = {
+                let (word, queue) = (word.clone(), queue.clone());
+                thread::spawn(move || {
+                    let live = word.sending();
+                    queue.lock().unwrap().push(40);
+                    live
+                })
+            };
+            let apply = |word: &DeadlineWord, queue: &Mutex<Vec<i64>>| {
+                for deadline in std::mem::take(&mut *queue.lock().unwrap()) {
+                    word.move_to(deadline);
+                    word.applied();
+                }
+            };
+            // The actor applies what it finds, then fires whatever is due by 100.
+            apply(&word, &queue);
+            let due = word.on_due(100);
+            let live = handle.join().unwrap();
+            let left = queue.lock().unwrap().len();
+            match due {
+                Due::Fire(deadline) => {
+                    assert!(left == 0 || !live, "fired past a move registered first");
+                    assert!(deadline == 20 || deadline == 40);
+                }
+                Due::Held => {
+                    assert_eq!(left, 1, "held with nothing in flight");
+                    apply(&word, &queue);
+                    assert_eq!(word.on_due(100), Due::Fire(40), "a hold outlived its move");
+                }
+                Due::Later(_) => panic!("everything is due by 100"),
+            }
         });
     }
 

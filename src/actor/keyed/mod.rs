@@ -584,13 +584,6 @@ where
                     Verdict::Done
                 }
                 Some(deadline) => Verdict::Later(due_at(deadline)),
-                // A command of its handle is in flight: it was queued after this turn took
-                // the inbox, perhaps before the clock read that made the entry due (the
-                // handle then returned before the deadline) — a later move queued behind
-                // another command would lose to the expiry. Look again once the next turn
-                // has taken it: never early, at most a turn late, and only while racing
-                // (parked within its tick, as above).
-                None if !words.of(id).is_quiet() => Verdict::Later(limit),
                 // The handle may be moving it right now: one compare-and-swap decides.
                 None => match words.of(id).on_due(limit.min(i64::MAX as u64) as i64) {
                     word::Due::Fire(deadline) => {
@@ -598,6 +591,13 @@ where
                         Verdict::Done
                     }
                     word::Due::Later(deadline) => Verdict::Later(due_at(deadline)),
+                    // A command of its handle is in flight, perhaps queued after this turn
+                    // took the inbox but before the clock read that made the entry due (the
+                    // handle then returned before the deadline): a later move queued behind
+                    // another command must not lose to the expiry. Look again once it is
+                    // applied: never early, at most a turn late, and only while racing
+                    // (parked within its tick, as above).
+                    word::Due::Held => Verdict::Later(limit),
                 },
             }
         });
