@@ -1,0 +1,196 @@
+//! The actor's ceiling (issue 28 item 2): for each pattern, the CPU one producer core spends
+//! per operation against the CPU the actor spends applying it. Their ratio is how many
+//! producer cores, each making operations flat out, one actor keeps up with — "cores until
+//! the actor saturates".
+//!
+//! Run: `cargo run --release -p tokio-wheel-compare --example ceiling [-- --ops 1000000 --runs 3]`.
+//!
+//! The wheel runs its actor on its own thread (`Builder::own_thread`), so its CPU time can be
+//! read alone (`/proc/self/task/<tid>/schedstat`, nanoseconds on the CPU); the producer is a
+//! plain thread whose CPU time is `CLOCK_THREAD_CPUTIME_ID`. Each run ends with
+//! `Wheel::flush`, so every operation made was applied before the actor's time is read.
+//! Linux only.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_wheel::Wheel;
+
+fn thread_cpu_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// The CPU time so far of the wheel's own thread (named `tokio-wheel …`).
+fn actor_cpu_ns() -> u64 {
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc") {
+        let path = task.unwrap().path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.starts_with("tokio-wheel") {
+            let stat = std::fs::read_to_string(path.join("schedstat")).unwrap();
+            return stat.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    }
+    panic!("no actor thread named tokio-wheel");
+}
+
+fn poll_once<F: Future + ?Sized>(future: Pin<&mut F>) {
+    let _ = future.poll(&mut Context::from_waker(Waker::noop()));
+}
+
+/// A cheap deterministic spread of delays, 1–60 s.
+fn delay(i: u64) -> Duration {
+    Duration::from_millis(1_000 + (i.wrapping_mul(2_654_435_761) % 59_000))
+}
+
+#[derive(Clone, Copy)]
+enum Pattern {
+    /// A sleep armed and dropped per request (a request deadline that is not reached).
+    Request,
+    /// Live sleeps moved later (a deadline pushed back on each request).
+    SleepChurn,
+    /// `timers.reset(&key, d)` on 1000 live keys.
+    ByKeyReset,
+    /// `timers.set(key, (), d)` then `timers.remove(&key)`.
+    KeyedSetRemove,
+}
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::Request => "request-shaped: sleep armed + dropped",
+            Pattern::SleepChurn => "sleep churn: live `Sleep` reset later",
+            Pattern::ByKeyReset => "by-key reset (1000 keys)",
+            Pattern::KeyedSetRemove => "keyed set + remove",
+        }
+    }
+}
+
+/// One run: (producer ns per operation, actor ns per operation).
+fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64) -> (f64, f64) {
+    let wheel = Wheel::builder()
+        .runtime(runtime.handle().clone())
+        .name("ceiling")
+        .own_thread(true)
+        .try_build()
+        .expect("a wheel on its own thread");
+    let (timers, expired) = wheel.keyed::<u64, ()>();
+    let mut sleeps: Vec<_> = (0..1000).map(|i| Box::pin(wheel.sleep(delay(i)))).collect();
+    for sleep in &mut sleeps {
+        poll_once(sleep.as_mut());
+    }
+    for key in 0..1000 {
+        timers.set(key, (), delay(key));
+    }
+    runtime.block_on(wheel.flush());
+    let actor_before = actor_cpu_ns();
+    let producer = {
+        let (wheel, timers) = (wheel.clone(), timers.clone());
+        std::thread::spawn(move || {
+            let start = thread_cpu_ns();
+            match pattern {
+                Pattern::Request => {
+                    for i in 0..ops {
+                        let mut sleep = wheel.sleep(delay(i));
+                        poll_once(Pin::new(&mut sleep));
+                    }
+                }
+                Pattern::SleepChurn => {
+                    let now = Instant::now();
+                    for i in 0..ops {
+                        let sleep = &mut sleeps[(i % 1000) as usize];
+                        sleep
+                            .as_mut()
+                            .reset(now + delay(i) + Duration::from_secs(60));
+                        poll_once(sleep.as_mut());
+                    }
+                }
+                Pattern::ByKeyReset => {
+                    for i in 0..ops {
+                        timers.reset(&(i % 1000), delay(i));
+                    }
+                }
+                Pattern::KeyedSetRemove => {
+                    for i in 0..ops {
+                        let key = 1_000 + i;
+                        timers.set(key, (), delay(i));
+                        timers.remove(&key);
+                    }
+                }
+            }
+            let spent = thread_cpu_ns() - start;
+            drop(sleeps);
+            spent
+        })
+    };
+    let producer_ns = producer.join().unwrap();
+    runtime.block_on(wheel.flush());
+    runtime.block_on(async { timers.len().await });
+    let actor_ns = actor_cpu_ns() - actor_before;
+    drop((timers, expired));
+    runtime.block_on(wheel.shutdown());
+    (
+        producer_ns as f64 / ops as f64,
+        actor_ns as f64 / ops as f64,
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let option = |name: &str, default: u64| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map_or(default, |v| v.parse().expect("a number"))
+    };
+    let ops = option("--ops", 1_000_000);
+    let runs = option("--runs", 3) as usize;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "| pattern ({ops} ops, median of {runs}) | producer ns/op | actor ns/op | cores until the actor saturates |"
+    );
+    println!("|---|---|---|---|");
+    for pattern in [
+        Pattern::Request,
+        Pattern::SleepChurn,
+        Pattern::ByKeyReset,
+        Pattern::KeyedSetRemove,
+    ] {
+        let mut results: Vec<(f64, f64)> = (0..runs).map(|_| run(&runtime, pattern, ops)).collect();
+        let median = |pick: fn(&(f64, f64)) -> f64, results: &mut Vec<(f64, f64)>| {
+            let mut values: Vec<f64> = results.iter().map(pick).collect();
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        let producer = median(|r| r.0, &mut results);
+        let actor = median(|r| r.1, &mut results);
+        let mut ratios: Vec<f64> = results.iter().map(|(p, a)| p / a.max(0.001)).collect();
+        ratios.sort_by(f64::total_cmp);
+        let cores = ratios[ratios.len() / 2];
+        let cores = if actor < 0.5 {
+            format!("> {:.0} (the actor barely works)", producer / 0.5)
+        } else {
+            format!(
+                "{cores:.1} (runs {:.1}–{:.1})",
+                ratios[0],
+                ratios[ratios.len() - 1]
+            )
+        };
+        println!(
+            "| {} | {producer:.0} | {actor:.0} | {cores} |",
+            pattern.name()
+        );
+    }
+}
