@@ -361,21 +361,6 @@ async fn a_queue_on_redis_cluster() {
     backend.twq(&["get", "k3"]).await.not_found("no task k3");
 }
 
-/// Every key on the server with its serialized value.
-fn server_snapshot(url: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut connection).unwrap();
-    // Kept replies of the set-up's calls expire on their own: not a write by the CLI.
-    keys.retain(|key| !key.windows(6).any(|w| w == b":call:"));
-    keys.sort();
-    keys.into_iter()
-        .map(|key| {
-            let value: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut connection).unwrap();
-            (key, value)
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misspelt_queue_name_says_so_and_writes_nothing() {
     let Some(backend) = Backend::redis() else {
@@ -388,7 +373,7 @@ async fn a_misspelt_queue_name_says_so_and_writes_nothing() {
         .twq(&["schedule", "--payload", "x", "--id", "a", "--after", "1h"])
         .await
         .ok();
-    let before = server_snapshot(url);
+    let before = support::redis_server::snapshot(url);
     let commands: [&[&str]; 4] = [
         &["stats"],
         &["list", "pending"],
@@ -410,5 +395,9 @@ async fn a_misspelt_queue_name_says_so_and_writes_nothing() {
         args.extend_from_slice(command);
         twq(&args).await.ok();
     }
-    assert_eq!(server_snapshot(url), before, "a read-only command wrote");
+    assert_eq!(
+        support::redis_server::snapshot(url),
+        before,
+        "a read-only command wrote"
+    );
 }

@@ -354,21 +354,6 @@ fn twq_dashboard(global: &[String], extra: &[&str]) -> Board {
     }
 }
 
-/// Every key of the server with its serialized value: equal before and after means nothing
-/// was written.
-#[cfg(feature = "cli")]
-fn snapshot(url: &str) -> Vec<(String, Vec<u8>)> {
-    let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut connection).unwrap();
-    keys.sort();
-    keys.into_iter()
-        .map(|key| {
-            let value: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut connection).unwrap();
-            (key, value)
-        })
-        .collect()
-}
-
 /// The status line's code of a raw POST (a client that is not a browser).
 #[cfg(feature = "cli")]
 async fn post_status(url: &str, path: &str, body: &str) -> u16 {
@@ -420,7 +405,7 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-    let before = snapshot(&url);
+    let before = support::redis_server::snapshot(&url);
 
     let board = twq_dashboard(&global, &[]);
     let client = driver.session().await;
@@ -455,7 +440,11 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
             .await
             .contains("endpoint answered 500")
     );
-    assert_eq!(snapshot(&url), before, "looking wrote nothing to Redis");
+    assert_eq!(
+        support::redis_server::snapshot(&url),
+        before,
+        "looking wrote nothing to Redis"
+    );
 
     // An action writes, through the handle opened for it.
     client

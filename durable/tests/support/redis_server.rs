@@ -172,3 +172,20 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
+
+#[cfg(feature = "redis")]
+/// Every key on the server with its serialized value (but the kept replies of calls, which
+/// expire on their own): equal before and after means nothing was written.
+pub fn snapshot(url: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let mut keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut connection).unwrap();
+    // Kept replies of the set-up's calls expire on their own: not a write by the CLI.
+    keys.retain(|key| !key.windows(6).any(|w| w == b":call:"));
+    keys.sort();
+    keys.into_iter()
+        .map(|key| {
+            let value: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut connection).unwrap();
+            (key, value)
+        })
+        .collect()
+}
