@@ -75,8 +75,9 @@ fn memory_of_a_flood_from_eight_threads_comes_back_once_idle() {
     let stats = support::stats_once(&wheel, |s| s.pending == 0);
     assert_eq!(stats.pending, 0, "{stats:?}");
     assert_eq!(stats.cancelled, 8 * per_thread, "{stats:?}");
-    // Now idle: nothing more is sent; memory must come back on its own.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // Now idle: nothing more is sent; memory must come back on its own (the wait is a hang
+    // guard, not a figure).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let retained = loop {
         let retained = LIVE.load(Ordering::Relaxed) - baseline;
         if retained < SLACK || std::time::Instant::now() > deadline {

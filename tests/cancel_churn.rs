@@ -65,8 +65,9 @@ fn a_million_short_lived_cancelled_sleeps_keep_memory_bounded_and_give_it_back()
     });
     let peak = PEAK.load(Ordering::Relaxed) - baseline;
 
-    // No barrier: the actor takes what is left on its own, within its lazy bound.
-    let until = std::time::Instant::now() + Duration::from_secs(10);
+    // No barrier: the actor takes what is left on its own, within its lazy bound (the wait
+    // is a hang guard, not a figure).
+    let until = std::time::Instant::now() + Duration::from_secs(60);
     let stats = loop {
         let stats = wheel.stats();
         if stats.pending == 0 && stats.inserted == stats.cancelled {
@@ -79,7 +80,8 @@ fn a_million_short_lived_cancelled_sleeps_keep_memory_bounded_and_give_it_back()
         std::thread::sleep(Duration::from_millis(10));
     };
     assert_eq!(stats.fired, 0, "{stats:?}");
-    let until = std::time::Instant::now() + Duration::from_secs(3);
+    // Memory comes back on its own once the actor is idle; the wait is a hang guard.
+    let until = std::time::Instant::now() + Duration::from_secs(60);
     let retained = loop {
         let retained = LIVE.load(Ordering::Relaxed) - baseline;
         if retained < SLACK || std::time::Instant::now() > until {
