@@ -81,7 +81,24 @@ pub(crate) fn rfc3339(time: SystemTime, millis: bool) -> String {
     } else {
         SecondsFormat::Secs
     };
-    DateTime::<Utc>::from(time).to_rfc3339_opts(format, true)
+    match i64::try_from(epoch_ms(time))
+        .ok()
+        .and_then(DateTime::<Utc>::from_timestamp_millis)
+    {
+        Some(at) => at.to_rfc3339_opts(format, true),
+        // Past the calendar's range: said, not a panic.
+        None => format!("{} ms after 1970", epoch_ms(time)),
+    }
+}
+
+/// The latest due time people may give (RFC 3339 has four-digit years).
+const LAST_DUE_MS: u64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
+
+/// `now + after`, if that is a time RFC 3339 can write (before year 10000).
+pub(crate) fn after_now(now: SystemTime, after: Duration) -> Result<SystemTime, String> {
+    now.checked_add(after)
+        .filter(|at| epoch_ms(*at) <= LAST_DUE_MS)
+        .ok_or_else(|| format!("{} from now is past the year 9999", short(after)))
 }
 
 /// `in 5m`, `3s ago`, `now` (under half a second), to the nearest second, with the two
@@ -163,6 +180,13 @@ mod tests {
         assert_eq!(parse_time("2026-11-25T22:00:00+01:00").unwrap(), at);
         assert!(parse_time("tomorrow").is_err());
         assert!(parse_time("1969-12-31T23:59:59Z").is_err());
+        // Beyond the calendar: words, not a panic.
+        let far = UNIX_EPOCH + Duration::from_secs(u64::MAX / 4);
+        assert!(rfc3339(far, false).ends_with("ms after 1970"));
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert!(after_now(now, Duration::from_secs(60)).is_ok());
+        assert!(after_now(now, Duration::from_secs(99_999_999_999 * 86_400)).is_err());
+        assert!(after_now(now, Duration::MAX).is_err());
     }
 
     #[test]

@@ -13,49 +13,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+
 use futures::StreamExt;
+use support::board::{csrf, get, post, send};
 use tokio_wheel::Wheel;
 use tokio_wheel_durable::dashboard::{Dashboard, router};
 use tokio_wheel_durable::{DurableQueue, Task, TaskId};
-use tower::ServiceExt;
-
-struct Reply {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: String,
-}
-
-async fn send(app: &Router, request: Request<Body>) -> Reply {
-    let response = app.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8(bytes.to_vec()).unwrap(),
-    }
-}
-
-async fn get(app: &Router, path: &str) -> Reply {
-    send(app, Request::get(path).body(Body::empty()).unwrap()).await
-}
-
-async fn post(app: &Router, path: &str, form: &str) -> Reply {
-    let request = Request::post(path)
-        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(Body::from(form.to_owned()))
-        .unwrap();
-    send(app, request).await
-}
-
-/// The anti-forgery token a page's forms carry.
-fn csrf(page: &str) -> String {
-    let start = page.find("name=csrf value=\"").expect("a form") + "name=csrf value=\"".len();
-    page[start..start + 64].to_owned()
-}
 
 async fn queue_with_a_task(dir: &tempfile::TempDir, wheel: &Wheel) -> DurableQueue {
     let queue = DurableQueue::open(dir.path().join("tasks.redb"), wheel)

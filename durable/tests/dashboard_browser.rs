@@ -7,15 +7,14 @@
 
 mod support;
 
-#[cfg(feature = "cli")]
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
 
+use axum::http::StatusCode;
 use fantoccini::{Client, Locator};
-use futures::StreamExt;
 use tokio_wheel::Wheel;
 use tokio_wheel_durable::{DurableQueue, Recurring, Task, TaskFilter, TaskId, TaskState};
 
+use support::board::{dead_letter, state_of};
 use support::browser::{self, count, press, text, tick, type_into};
 
 /// A payload a careless board would run: it must show up as these exact characters.
@@ -33,26 +32,6 @@ async fn serve_in_app(queue: DurableQueue) -> String {
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{address}/queue")
-}
-
-/// Makes `id` a dead letter with `reason`.
-async fn dead_letter(queue: &DurableQueue, id: &str, reason: &str) {
-    queue.schedule(Task::new(id).id(id)).await.unwrap();
-    let mut deliveries = queue.deliveries();
-    let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
-        .await
-        .expect("the due task is delivered")
-        .unwrap();
-    assert_eq!(delivery.id().as_str(), id);
-    delivery.fail(reason).await.unwrap();
-}
-
-async fn state_of(queue: &DurableQueue, id: &str) -> Option<TaskState> {
-    queue
-        .get(&TaskId::from(id))
-        .await
-        .unwrap()
-        .map(|info| info.state)
 }
 
 /// Waits for the page the last click led to (the notice of an action, or any selector).
@@ -307,70 +286,6 @@ async fn every_page_and_action_works_in_a_browser_on_a_file() {
     queue.close().await;
 }
 
-/// `twq … dashboard` as a child process, stopped when dropped.
-#[cfg(feature = "cli")]
-struct Board {
-    child: Child,
-    url: String,
-}
-
-#[cfg(feature = "cli")]
-impl Drop for Board {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[cfg(feature = "cli")]
-fn twq_dashboard(global: &[String], extra: &[&str]) -> Board {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let child = Command::new(env!("CARGO_BIN_EXE_twq"))
-        .args(global)
-        .args(["dashboard", "--listen", &listen])
-        .args(extra)
-        .env_remove("TWQ_REDIS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run twq dashboard");
-    let started = std::time::Instant::now();
-    while std::net::TcpStream::connect(&listen).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "twq dashboard did not listen within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Board {
-        child,
-        url: format!("http://{listen}"),
-    }
-}
-
-/// The status line's code of a raw POST (a client that is not a browser).
-#[cfg(feature = "cli")]
-async fn post_status(url: &str, path: &str, body: &str) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let address = url.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: \
-         application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).await.unwrap();
-    reply[9..12].parse().unwrap()
-}
-
 #[cfg(feature = "cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_asked() {
@@ -407,7 +322,7 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
         .collect();
     let before = support::redis_server::snapshot(&url);
 
-    let board = twq_dashboard(&global, &[]);
+    let (board, board_url) = twq_dashboard(&global, &[]);
     let client = driver.session().await;
     let pages = [
         "/".to_owned(),
@@ -420,19 +335,19 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
         "/task?id=missing".to_owned(),
     ];
     for page in &pages {
-        client.goto(&format!("{}{page}", board.url)).await.unwrap();
+        client.goto(&format!("{}{page}", board_url)).await.unwrap();
         let source = client.source().await.unwrap();
         assert!(!source.contains(PASSWORD), "the password is in {page}");
         assert!(source.contains("webhooks"), "{page} names the queue");
     }
     client
-        .goto(&format!("{}/task?id=hook-1", board.url))
+        .goto(&format!("{}/task?id=hook-1", board_url))
         .await
         .unwrap();
     assert_eq!(text(&client, "#payload").await, MARKUP);
     assert_eq!(count(&client, "#injected").await, 0);
     client
-        .goto(&format!("{}/tasks/dead", board.url))
+        .goto(&format!("{}/tasks/dead", board_url))
         .await
         .unwrap();
     assert!(
@@ -448,7 +363,7 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
 
     // An action writes, through the handle opened for it.
     client
-        .goto(&format!("{}/task?id=hook-2", board.url))
+        .goto(&format!("{}/task?id=hook-2", board_url))
         .await
         .unwrap();
     tick(&client, "form.actions-cancel").await;
@@ -464,9 +379,9 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
     drop(board);
 
     // Read-only: no action shown, and a POST is refused.
-    let board = twq_dashboard(&global, &["--read-only"]);
+    let (board, board_url) = twq_dashboard(&global, &["--read-only"]);
     let client = driver.session().await;
-    client.goto(&board.url).await.unwrap();
+    client.goto(&board_url).await.unwrap();
     assert!(
         text(&client, "#count-pending .n")
             .await
@@ -476,14 +391,13 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
     );
     assert_eq!(count(&client, "form.action").await, 0);
     client
-        .goto(&format!("{}/task?id=hook-1", board.url))
+        .goto(&format!("{}/task?id=hook-1", board_url))
         .await
         .unwrap();
     assert_eq!(count(&client, "form.action").await, 0);
-    assert_eq!(
-        post_status(&board.url, "/actions/cancel", "id=hook-1&confirm=yes").await,
-        403
-    );
+    let refused =
+        tokio::task::block_in_place(|| board.post("/actions/cancel", "id=hook-1&confirm=yes"));
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(state_of(&queue, "hook-1").await.is_some());
     client.close().await.unwrap();
     drop(board);
@@ -492,23 +406,35 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
     let token_dir = tempfile::tempdir().unwrap();
     let token_file = token_dir.path().join("token");
     std::fs::write(&token_file, "board-token-1234\n").unwrap();
-    let board = twq_dashboard(&global, &["--token-file", token_file.to_str().unwrap()]);
+    let (_board, board_url) =
+        twq_dashboard(&global, &["--token-file", token_file.to_str().unwrap()]);
     let client = driver.session().await;
-    client.goto(&board.url).await.unwrap();
+    client.goto(&board_url).await.unwrap();
     assert!(client.source().await.unwrap().contains("needs its token"));
     assert_eq!(count(&client, "#count-pending").await, 0);
     client
-        .goto(&format!("{}/?token=board-token-1234", board.url))
+        .goto(&format!("{}/?token=board-token-1234", board_url))
         .await
         .unwrap();
     assert_eq!(count(&client, "#count-pending").await, 1);
     let address = client.current_url().await.unwrap();
     assert!(!address.as_str().contains("token"), "{address}");
     client
-        .goto(&format!("{}/tasks/dead", board.url))
+        .goto(&format!("{}/tasks/dead", board_url))
         .await
         .unwrap();
     assert!(text(&client, "#tasks").await.contains("hook-dead"));
     client.close().await.unwrap();
     queue.close().await;
+}
+
+/// `twq … dashboard` on a free loopback port: the board and its base URL.
+#[cfg(feature = "cli")]
+fn twq_dashboard(global: &[String], extra: &[&str]) -> (support::board_twq::Board, String) {
+    let addr = format!("127.0.0.1:{}", support::board_twq::free_port());
+    let mut args = global.to_vec();
+    args.extend(["dashboard", "--listen", &addr].map(str::to_owned));
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let board = support::board_twq::start(&args, &addr);
+    (board, format!("http://{addr}"))
 }

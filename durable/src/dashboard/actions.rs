@@ -15,8 +15,8 @@ use super::Board;
 use super::guard::{cross_site, same_secret};
 use super::html::{href, query_value};
 use super::pages::{Ctx, Failure};
-use crate::units::{parse_duration, parse_time, rfc3339, short};
-use crate::{DurableQueue, TaskFilter, TaskId};
+use crate::units::{after_now, parse_duration, parse_time, rfc3339, short};
+use crate::{DurableQueue, TaskFilter, TaskId, TaskState};
 
 /// How many dead letters one press of "redrive all" moves (the rest wait for the next press).
 const REDRIVE_ALL_MAX: usize = 10_000;
@@ -101,7 +101,7 @@ async fn perform(
             let text = if done {
                 format!("Cancelled task {}.", id.as_str())
             } else {
-                format!("Task {} was not pending: nothing cancelled.", id.as_str())
+                not_done(board, queue, &id, "cancelled").await
             };
             Ok((text, task_page(&id)))
         }
@@ -109,7 +109,7 @@ async fn perform(
             let id = id()?;
             let when = form.get("when").map(|w| w.trim()).unwrap_or_default();
             let at = match parse_duration(when) {
-                Ok(after) => SystemTime::now() + after,
+                Ok(after) => after_now(SystemTime::now(), after).map_err(Failure::BadRequest)?,
                 Err(_) => parse_time(when).map_err(|_| {
                     Failure::BadRequest(format!(
                         "{when:?} is neither a duration from now (10m, 1h30m) nor a time \
@@ -121,7 +121,7 @@ async fn perform(
             let text = if done {
                 format!("Task {} is now due at {}.", id.as_str(), rfc3339(at, false))
             } else {
-                format!("Task {} was not pending: not rescheduled.", id.as_str())
+                not_done(board, queue, &id, "rescheduled").await
             };
             Ok((text, task_page(&id)))
         }
@@ -210,4 +210,25 @@ async fn redrive_all(board: &Board, queue: &DurableQueue) -> Result<usize, Failu
         }
     }
     Ok(moved)
+}
+
+/// Why a cancel or reschedule of `id` did nothing, from what the store holds now.
+async fn not_done(board: &Board, queue: &DurableQueue, id: &TaskId, verb: &str) -> String {
+    let id_text = id.as_str();
+    match board.call(queue.get(id)).await {
+        Ok(None) => format!("There is no task {id_text}: nothing {verb}."),
+        Ok(Some(info)) => match info.state {
+            TaskState::Pending => format!(
+                "Task {id_text} is pending but was not {verb}: it is a recurring schedule \
+                 (see Recurring schedules), or it moved meanwhile (try again)."
+            ),
+            TaskState::InFlight { .. } => format!(
+                "Task {id_text} is in flight: it cannot be {verb} until its worker finishes it."
+            ),
+            TaskState::Dead { .. } => {
+                format!("Task {id_text} is dead: it cannot be {verb} (redrive it first).")
+            }
+        },
+        Err(_) => format!("Task {id_text} was not {verb}."),
+    }
 }

@@ -52,12 +52,16 @@ pub(super) fn cross_site(headers: &HeaderMap) -> bool {
 /// The token a request carries, if any: header, cookie or query.
 fn presented(request: &Request) -> (Option<String>, bool) {
     let headers = request.headers();
-    if let Some(bearer) = headers
+    if let Some(value) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
     {
-        return (Some(bearer.trim().to_owned()), false);
+        // The scheme's name is case-insensitive (RFC 7235).
+        if let Some((scheme, bearer)) = value.split_once(' ')
+            && scheme.eq_ignore_ascii_case("bearer")
+        {
+            return (Some(bearer.trim().to_owned()), false);
+        }
     }
     for cookies in headers.get_all(header::COOKIE) {
         let Ok(cookies) = cookies.to_str() else {
@@ -78,34 +82,27 @@ fn presented(request: &Request) -> (Option<String>, bool) {
     (None, false)
 }
 
-/// Every request passes here: the token first, then the page, then the safety headers.
+/// Every request passes here: the addressed host, the token, read-only refusal, then the
+/// page; then the safety headers, and secrets masked.
 pub(super) async fn guard(
     State(board): State<Arc<Board>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let mut response = match &board.token {
-        None => next.run(request).await,
-        Some(token) => match presented(&request) {
-            (Some(given), from_query) if same_secret(&given, token) => {
-                if from_query && request.method() == Method::GET {
-                    // Keep the token out of the address bar, the history and the logs.
-                    into_cookie(&request, token)
-                } else {
-                    next.run(request).await
-                }
+    let mut response = match refusal(&board, &request) {
+        Some(refused) => refused,
+        // Given in the query (and checked by `refusal`): keep the token out of the address
+        // bar, the history and the logs.
+        None => match &board.token {
+            Some(token) if request.method() == Method::GET && presented(&request).1 => {
+                into_cookie(&request, token)
             }
-            _ => (
-                StatusCode::UNAUTHORIZED,
-                Html(
-                    "<!doctype html><title>token needed</title><h1>This board needs its token</h1>\
-                     <p>Open it once with <code>?token=…</code> (the token given to \
-                     <code>--token-file</code>), or send <code>Authorization: Bearer …</code>.</p>",
-                ),
-            )
-                .into_response(),
+            _ => next.run(request).await,
         },
     };
+    if !board.hidden.is_empty() {
+        response = masked(response, &board.hidden).await;
+    }
     let headers = response.headers_mut();
     for (name, value) in [
         (
@@ -123,6 +120,77 @@ pub(super) async fn guard(
     response
 }
 
+/// The answer to a request the board refuses before any page: addressed to another host
+/// (`local_only`), without the token, or a write to a read-only board.
+fn refusal(board: &Board, request: &Request) -> Option<Response> {
+    let plain = |status: StatusCode, title: &str, text: &str| {
+        let page = format!("<!doctype html><title>{title}</title><h1>{title}</h1><p>{text}</p>");
+        Some((status, Html(page)).into_response())
+    };
+    if board.local_only && !loopback_host(request.headers()) {
+        return plain(
+            StatusCode::MISDIRECTED_REQUEST,
+            "Not this host",
+            "This board answers requests to localhost, 127.0.0.1 or [::1] only.",
+        );
+    }
+    if let Some(token) = &board.token {
+        match presented(request) {
+            (Some(given), _) if same_secret(&given, token) => {}
+            _ => {
+                return plain(
+                    StatusCode::UNAUTHORIZED,
+                    "This board needs its token",
+                    "Open it once with <code>?token=…</code> (the token given to \
+                     <code>--token-file</code>), or send <code>Authorization: Bearer …</code>.",
+                );
+            }
+        }
+    }
+    let looks = matches!(*request.method(), Method::GET | Method::HEAD);
+    if board.read_only && !looks {
+        return plain(
+            StatusCode::FORBIDDEN,
+            "Refused",
+            "This board is read-only: it takes no action.",
+        );
+    }
+    None
+}
+
+/// Whether the request's `Host` names this machine by a loopback name.
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // [::1]:8080
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `response` with every hidden secret replaced by `***` (pages are small: the body is read
+/// whole).
+async fn masked(response: Response, hidden: &[String]) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "unreadable page").into_response();
+    };
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    for secret in hidden {
+        if text.contains(secret.as_str()) {
+            text = text.replace(secret.as_str(), "***");
+        }
+    }
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(text))
+}
+
 /// A redirect to the same address without `token=`, setting the cookie that carries it.
 fn into_cookie(request: &Request, token: &str) -> Response {
     let base = request
@@ -137,8 +205,14 @@ fn into_cookie(request: &Request, token: &str) -> Response {
         .split('&')
         .filter(|pair| !pair.is_empty() && !pair.starts_with("token="))
         .collect();
-    let path = request.uri().path();
-    let mut location = super::html::href(&base, if path == "/" { "" } else { path });
+    // `//evil.example/` or `/\\evil.example` would leave the site: one slash is enough.
+    let path = request.uri().path().trim_start_matches(['/', '\\']);
+    let path = if path.is_empty() {
+        String::new()
+    } else {
+        format!("/{path}")
+    };
+    let mut location = super::html::href(&base, &path);
     if !query.is_empty() {
         location = format!("{location}?{}", query.join("&"));
     }
@@ -217,6 +291,33 @@ mod tests {
             HeaderValue::from_static("http://127.0.0.1:8080"),
         );
         assert!(!cross_site(&headers));
+    }
+
+    #[test]
+    fn loopback_names_are_told_from_others() {
+        let host = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_static(value));
+            loopback_host(&headers)
+        };
+        for local in [
+            "localhost:8080",
+            "LOCALHOST",
+            "127.0.0.1:8080",
+            "127.1.2.3",
+            "[::1]:8080",
+        ] {
+            assert!(host(local), "{local}");
+        }
+        for other in [
+            "evil.example:8080",
+            "localhost.evil.example",
+            "10.0.0.1",
+            "[::2]:80",
+        ] {
+            assert!(!host(other), "{other}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()), "no Host at all");
     }
 
     #[test]

@@ -55,7 +55,14 @@ pub(super) const PAYLOAD_SHOWN: usize = 64 * 1024;
 /// A payload: its text if it is UTF-8 (escaped, control characters shown as `\n`, `\u{1b}`,
 /// …), else a hex dump; at most [`PAYLOAD_SHOWN`] bytes, saying so when cut.
 pub(super) fn payload(bytes: &[u8]) -> String {
-    let shown = &bytes[..bytes.len().min(PAYLOAD_SHOWN)];
+    let mut end = bytes.len().min(PAYLOAD_SHOWN);
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        // Cut text on a character's boundary, not inside one.
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+    }
+    let shown = &bytes[..end];
     let cut = if shown.len() < bytes.len() {
         format!(
             "<p class=muted>The first {} of {} bytes.</p>",
@@ -65,7 +72,6 @@ pub(super) fn payload(bytes: &[u8]) -> String {
     } else {
         String::new()
     };
-    // A cut may split a UTF-8 character: the text is judged on the whole payload.
     let body = match std::str::from_utf8(bytes) {
         Ok(_) => {
             let text = String::from_utf8_lossy(shown);

@@ -103,6 +103,8 @@ pub struct Dashboard {
     title: String,
     sample_every: Duration,
     call_timeout: Duration,
+    hidden: Vec<String>,
+    local_only: bool,
 }
 
 impl fmt::Debug for Dashboard {
@@ -114,6 +116,8 @@ impl fmt::Debug for Dashboard {
             .field("act_through", &self.opener.is_some())
             .field("sample_every", &self.sample_every)
             .field("call_timeout", &self.call_timeout)
+            .field("hidden", &self.hidden.len())
+            .field("local_only", &self.local_only)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +134,8 @@ impl Dashboard {
             title: "queue".to_owned(),
             sample_every: Duration::from_secs(10),
             call_timeout: Duration::from_secs(5),
+            hidden: Vec::new(),
+            local_only: false,
         }
     }
 
@@ -185,6 +191,26 @@ impl Dashboard {
         self
     }
 
+    /// Never shows `secret` (a Redis password, say): wherever it would appear in a page — a
+    /// payload, a reason, an error message — it shows as `***`. May be called more than once.
+    pub fn hide(mut self, secret: impl Into<String>) -> Dashboard {
+        let secret = secret.into();
+        if !secret.is_empty() {
+            self.hidden.push(secret);
+        }
+        self
+    }
+
+    /// Answers only requests addressed to this machine by a loopback name (`Host` of
+    /// `localhost`, `127.0.0.1` or `[::1]`, any port); any other gets 421. For a board on
+    /// loopback without a token: a web page elsewhere that points its own name at
+    /// 127.0.0.1 (DNS rebinding) would otherwise be same-origin with the board. `twq
+    /// dashboard` turns it on when it listens on loopback without `--token-file`.
+    pub fn local_only(mut self, on: bool) -> Dashboard {
+        self.local_only = on;
+        self
+    }
+
     /// The axum router serving the board. Its links are relative to where it is mounted
     /// (`Router::nest`), so it works at the root or under any prefix.
     pub fn router(self) -> Router {
@@ -203,6 +229,8 @@ impl Dashboard {
             paused: AtomicBool::new(false),
             notices: Mutex::new(VecDeque::new()),
             next_notice: AtomicU64::new(1),
+            hidden: hidden_forms(self.hidden),
+            local_only: self.local_only,
         });
         // Inside a runtime (as an app builds its router), the chart starts counting now;
         // else at the first request.
@@ -244,6 +272,22 @@ pub(super) struct Board {
     /// The outcomes of recent actions, shown once the browser follows the redirect.
     notices: Mutex<VecDeque<(u64, String)>>,
     next_notice: AtomicU64,
+    /// The secrets never shown, as written and as a page writes them (escaped), longest
+    /// first.
+    hidden: Vec<String>,
+    local_only: bool,
+}
+
+/// Each secret as written and HTML-escaped (how a page would show it), longest first, so a
+/// longer secret is masked before one it contains.
+fn hidden_forms(secrets: Vec<String>) -> Vec<String> {
+    let mut forms: Vec<String> = secrets
+        .iter()
+        .flat_map(|secret| [secret.clone(), html::escape(secret)])
+        .collect();
+    forms.sort_by_key(|form| std::cmp::Reverse(form.len()));
+    forms.dedup();
+    forms
 }
 
 /// How many action outcomes the board remembers for their redirects.

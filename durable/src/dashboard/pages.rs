@@ -356,16 +356,18 @@ pub(super) async fn task(
     ctx: Ctx,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let Some(id) = query
-        .get("id")
-        .map(|id| id.trim())
-        .filter(|id| !id.is_empty())
-    else {
+    let Some(given) = query.get("id").filter(|id| !id.trim().is_empty()) else {
         return Failure::BadRequest("give a task's id to search for".into()).page(&board, &ctx);
     };
-    let id = TaskId::from(id);
+    let mut id = TaskId::from(given.as_str());
     let read = async {
-        let info = board.call(board.looking.get(&id)).await?;
+        let mut info = board.call(board.looking.get(&id)).await?;
+        // Typed into the search box with a stray space: the id as written first (an id may
+        // hold spaces at its ends), then trimmed.
+        if info.is_none() && given.trim() != given {
+            id = TaskId::from(given.trim());
+            info = board.call(board.looking.get(&id)).await?;
+        }
         let payload = match &info {
             Some(_) => board.call(board.looking.payload(&id)).await?,
             None => None,

@@ -3,6 +3,10 @@
 
 pub mod backend;
 #[cfg(feature = "dashboard")]
+pub mod board;
+#[cfg(all(feature = "dashboard", feature = "cli"))]
+pub mod board_twq;
+#[cfg(feature = "dashboard")]
 pub mod browser;
 pub mod proxy;
 #[cfg(feature = "redis")]

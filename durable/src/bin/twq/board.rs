@@ -57,6 +57,19 @@ pub(crate) async fn serve(
         .title(target.strip_prefix("queue ").unwrap_or(target))
         .read_only(args.read_only)
         .call_timeout(cli.timeout);
+    // A password may sit in a payload or a reason too: the board never shows one.
+    let urls: Vec<&str> = cli
+        .redis
+        .iter()
+        .chain(cli.cluster.iter().flatten())
+        .map(String::as_str)
+        .collect();
+    for secret in crate::show::passwords(urls.into_iter()) {
+        board = board.hide(secret);
+    }
+    // On loopback without a token, only requests addressed to loopback names are answered
+    // (a page elsewhere that rebinds its name to 127.0.0.1 is not).
+    board = board.local_only(token.is_none() && args.listen.ip().is_loopback());
     if let Some(token) = token {
         board = board.token(token);
     }

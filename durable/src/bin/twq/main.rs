@@ -426,7 +426,8 @@ async fn execute(cli: &Cli, queue: &DurableQueue, target: &str) -> Result<Output
             let id = TaskId::from(reschedule.id.as_str());
             let when = match (reschedule.when.at, reschedule.when.after) {
                 (Some(at), _) => at,
-                (None, after) => now + after.unwrap_or_default(),
+                (None, after) => units::after_now(now, after.unwrap_or_default())
+                    .map_err(|why| Failure::Error(format!("--after: {why}")))?,
             };
             let done = call!(queue.reschedule(&id, when));
             if done {

@@ -189,14 +189,14 @@ pub(crate) fn clean(text: &str) -> String {
 }
 
 /// The URL with the password of its user part replaced by `***`
-/// (`redis://:***@host:6379/`, `redis://user:***@host/`).
+/// (`redis://:***@host:6379/`, `redis://user:***@host/`). The user part ends at the last `@`:
+/// a password may hold `/`, `?`, `#` or `@` unescaped.
 pub(crate) fn mask_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
+    let Some(at) = rest.rfind('@') else {
         return url.to_owned();
     };
     match rest[..at].find(':') {
@@ -215,11 +215,10 @@ pub(crate) fn passwords<'a>(urls: impl Iterator<Item = &'a str>) -> Vec<String> 
     let mut secrets = Vec::new();
     for url in urls {
         let password = match url.find("://").map(|i| i + 3) {
+            // The user part ends at the last '@' (a password may hold '/', '?', '#', '@').
             Some(scheme_end) => {
                 let rest = &url[scheme_end..];
-                let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-                rest[..authority_end]
-                    .rfind('@')
+                rest.rfind('@')
                     .and_then(|at| rest[..at].find(':').map(|colon| &rest[colon + 1..at]))
             }
             // Not a well-formed URL (`redis//:pw@host`, `redis:/:pw@host`, `:pw@host`): the
@@ -234,6 +233,13 @@ pub(crate) fn passwords<'a>(urls: impl Iterator<Item = &'a str>) -> Vec<String> 
         if let Some(password) = password.filter(|password| !password.is_empty()) {
             secrets.push(password.to_owned());
             secrets.push(percent_decode(password));
+            // A URL parser may have stopped inside it and echo only its tail: every piece
+            // after a '/', '?', '#' or '@' in it long enough to be telling is a secret too.
+            for piece in password.split(['/', '?', '#', '@']).skip(1) {
+                if piece.len() >= 4 {
+                    secrets.push(piece.to_owned());
+                }
+            }
         }
     }
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -300,6 +306,14 @@ mod tests {
             assert!(!scrub(&format!("bad URL {malformed}"), &secrets).contains("S3cret"));
         }
         assert!(passwords(["redis//host:6390/", "--queue"].into_iter()).is_empty());
+        // A password holding '/', '?', '#' or '@' unescaped (outside attack on the board).
+        for password in ["Pw/zz81k", "Pw#zz81k", "Pw?zz81k", "Pw@zz81k"] {
+            let url = format!("redis://:{password}@127.0.0.1:1/");
+            assert_eq!(mask_url(&url), "redis://:***@127.0.0.1:1/", "{url}");
+            let secrets = passwords([url.as_str()].into_iter());
+            assert!(secrets.contains(&password.to_owned()), "{secrets:?}");
+            assert!(secrets.contains(&"zz81k".to_owned()), "{secrets:?}");
+        }
     }
 
     #[test]
