@@ -237,6 +237,40 @@ async fn every_page_and_action_works_in_a_browser_on_a_file() {
     );
     assert_eq!(queue.stats().await.unwrap().dead, 0);
 
+    // A dead letter redriven from the dead list's own button comes back to the list.
+    dead_letter(&queue, "dead-5", "no").await;
+    client.goto(&format!("{base}/tasks/dead")).await.unwrap();
+    press(&client, "#tasks form.actions-redrive").await;
+    assert!(
+        wait_for(&client, "#notice")
+            .await
+            .contains("dead-5 is pending again")
+    );
+    let address = client.current_url().await.unwrap();
+    assert!(address.path().ends_with("/tasks/dead"), "{address}");
+    assert_eq!(state_of(&queue, "dead-5").await, Some(TaskState::Pending));
+    queue.cancel(&TaskId::from("dead-5")).await.unwrap();
+
+    // The overview can reload itself, with no script.
+    client.goto(&base).await.unwrap();
+    client
+        .find(Locator::Css("#refresh"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&client, "#count-pending").await;
+    assert!(
+        client
+            .current_url()
+            .await
+            .unwrap()
+            .as_str()
+            .ends_with("?refresh=10")
+    );
+    assert_eq!(count(&client, "meta[http-equiv=refresh]").await, 1);
+
     // Lists page through with the queue's own cursor.
     client.goto(&format!("{base}/tasks/pending")).await.unwrap();
     let mut seen = Vec::new();

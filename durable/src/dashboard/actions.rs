@@ -136,7 +136,14 @@ async fn perform(
                     id.as_str()
                 )
             };
-            Ok((text, task_page(&id)))
+            // From the dead list's own button: back to the list (one known place, never an
+            // address taken from the form).
+            let back = if form.get("back").is_some_and(|b| b == "dead") {
+                "/tasks/dead".to_owned()
+            } else {
+                task_page(&id)
+            };
+            Ok((text, back))
         }
         "redrive-all" => {
             let moved = redrive_all(board, queue).await?;

@@ -148,6 +148,8 @@ pub(super) struct Frame<'a> {
     pub(super) title: &'a str,
     pub(super) notice: Option<&'a str>,
     pub(super) paused: bool,
+    /// Reload the page every so many seconds (`<meta http-equiv=refresh>`).
+    pub(super) refresh: Option<u32>,
 }
 
 /// The address of `path` ("" for the overview) on a board mounted at `base`.
@@ -191,7 +193,7 @@ pub(super) fn page(frame: &Frame<'_>, tab: Tab, heading: &str, body: &str) -> St
     format!(
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>\
          <meta name=viewport content=\"width=device-width, initial-scale=1\">\
-         <title>{heading} · {title}</title><style>{STYLE}</style></head><body>\
+         <title>{heading} · {title}</title>{refresh}<style>{STYLE}</style></head><body>\
          <header><strong class=brand>{title}</strong><nav>{nav}</nav>\
          <form class=search method=get action=\"{base}/task\" role=search>\
          <input name=id id=search placeholder=\"task id\" aria-label=\"task id\" required>\
@@ -199,6 +201,10 @@ pub(super) fn page(frame: &Frame<'_>, tab: Tab, heading: &str, body: &str) -> St
          <main>{paused}{notice}<h1>{heading}</h1>{body}</main></body></html>\n",
         title = escape(frame.title),
         heading = escape(heading),
+        refresh = frame
+            .refresh
+            .map(|every| format!("<meta http-equiv=refresh content={every}>"))
+            .unwrap_or_default(),
     )
 }
 

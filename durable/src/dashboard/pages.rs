@@ -29,6 +29,7 @@ const GLIMPSE: usize = 5;
 pub(super) struct Ctx {
     pub(super) base: String,
     notice: Option<String>,
+    refresh: Option<u32>,
 }
 
 impl FromRequestParts<Arc<Board>> for Ctx {
@@ -51,7 +52,20 @@ impl FromRequestParts<Arc<Board>> for Ctx {
             .find_map(|pair| pair.strip_prefix("notice="))
             .and_then(|n| n.parse().ok())
             .and_then(|n| board.notice_text(n));
-        Ok(Ctx { base, notice })
+        // `?refresh=N`: the page reloads itself every N seconds (5 to 300), no script needed.
+        let refresh = parts
+            .uri
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("refresh="))
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|n| (5..=300).contains(n));
+        Ok(Ctx {
+            base,
+            notice,
+            refresh,
+        })
     }
 }
 
@@ -62,6 +76,7 @@ impl Ctx {
             title: &board.title,
             notice: self.notice.as_deref(),
             paused: board.paused.load(Ordering::Relaxed),
+            refresh: self.refresh,
         }
     }
 }
@@ -125,7 +140,17 @@ pub(super) async fn overview(State(board): State<Arc<Board>>, ctx: Ctx) -> Respo
     };
     board.paused.store(stats.paused, Ordering::Relaxed);
     let base = &ctx.base;
-    let mut body = cards(&stats);
+    let mut body = match ctx.refresh {
+        Some(every) => format!(
+            "<p class=muted>Refreshing every {every} s. <a id=refresh href=\"{}\">Stop</a></p>",
+            href(base, "")
+        ),
+        None => format!(
+            "<p class=muted><a id=refresh href=\"{}?refresh=10\">Refresh every 10 s</a></p>",
+            href(base, "")
+        ),
+    };
+    body.push_str(&cards(&stats));
     if stats.eviction_policy_unknown {
         body.push_str(
             "<p class=warning id=eviction-warning>The Redis server's eviction policy could not \
@@ -140,13 +165,13 @@ pub(super) async fn overview(State(board): State<Arc<Board>>, ctx: Ctx) -> Respo
     let _ = write!(
         body,
         "<h2>Next due</h2>{}<p><a href=\"{}\">All pending →</a></p>",
-        task_rows("next-due", &next, TaskFilter::Pending, base, now),
+        task_rows("next-due", &next, TaskFilter::Pending, base, now, None),
         href(base, "/tasks/pending")
     );
     let _ = write!(
         body,
         "<h2>Dead letters</h2>{}<p><a href=\"{}\">All dead →</a></p>",
-        task_rows("dead-glimpse", &dead, TaskFilter::Dead, base, now),
+        task_rows("dead-glimpse", &dead, TaskFilter::Dead, base, now, None),
         href(base, "/tasks/dead")
     );
     if !board.read_only {
@@ -223,13 +248,15 @@ fn counters(stats: &QueueStats) -> String {
     )
 }
 
-/// A table of tasks, each id linking to its page.
+/// A table of tasks, each id linking to its page; with `redrive` (the anti-forgery token), a
+/// dead letter's row carries its own redrive button, which comes back to the list.
 fn task_rows(
     id: &str,
     tasks: &[TaskInfo],
     filter: TaskFilter,
     base: &str,
     now: SystemTime,
+    redrive: Option<&str>,
 ) -> String {
     if tasks.is_empty() {
         return format!("<p class=muted id={id}>No {} tasks.</p>", filter.name());
@@ -253,10 +280,30 @@ fn task_rows(
                 TaskState::Dead { reason } => escape(reason),
                 _ => format!("{} bytes", task.payload_len),
             };
-            vec![link, time(task.due, now), task.attempts.to_string(), last]
+            let mut row = vec![link, time(task.due, now), task.attempts.to_string(), last];
+            if let (Some(csrf), TaskState::Dead { .. }) = (redrive, &task.state) {
+                let fields = format!(
+                    "<input type=hidden name=id value=\"{}\">\
+                     <input type=hidden name=back value=dead>",
+                    escape(task.id.as_str())
+                );
+                row.push(action(
+                    base,
+                    csrf,
+                    "/actions/redrive",
+                    &fields,
+                    "Redrive",
+                    false,
+                ));
+            }
+            row
         })
         .collect();
-    table(id, &["id", "due", "attempts", last], &rows)
+    let mut head = vec!["id", "due", "attempts", last];
+    if redrive.is_some() && filter == TaskFilter::Dead {
+        head.push("");
+    }
+    table(id, &head, &rows)
 }
 
 fn filter_of(state: &str) -> Option<(TaskFilter, Tab, &'static str)> {
@@ -339,12 +386,14 @@ pub(super) async fn list(
             href(base, &path)
         );
     }
+    let redrive = (!board.read_only).then_some(board.csrf.as_str());
     body.push_str(&task_rows(
         "tasks",
         &page.items,
         filter,
         base,
         SystemTime::now(),
+        redrive,
     ));
     body.push_str(&next_link(base, &path, page.next.as_ref(), limit));
     ok(html::page(&ctx.frame(&board), tab, heading, &body))
