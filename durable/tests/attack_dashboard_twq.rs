@@ -379,14 +379,7 @@ async fn twq_dashboard_never_prints_a_password_holding_a_slash_hash_or_question_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twq_dashboard_listens_on_loopback_unless_given_a_token() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tasks.redb");
-    {
-        let wheel = Wheel::new();
-        let queue = DurableQueue::open(&file, &wheel).await.unwrap();
-        queue.schedule(Task::new("p").id("t")).await.unwrap();
-        queue.close().await;
-    }
-    let file = file.display().to_string();
+    let file = a_file_with_one_task(&dir).await.display().to_string();
     let port = free_port();
     for listen in [
         format!("0.0.0.0:{port}"),
@@ -416,17 +409,7 @@ async fn twq_dashboard_listens_on_loopback_unless_given_a_token() {
 async fn twq_dashboard_with_a_token_file_needs_it_for_everything_and_never_prints_it() {
     const SECRET: &str = "tok-9f3kq2-secret";
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tasks.redb");
-    {
-        let wheel = Wheel::new();
-        let queue = DurableQueue::open(&file, &wheel).await.unwrap();
-        queue
-            .schedule(Task::new("p").id("t").after(Duration::from_secs(3600)))
-            .await
-            .unwrap();
-        queue.close().await;
-    }
-    let file = file.display().to_string();
+    let file = a_file_with_one_task(&dir).await.display().to_string();
     let token_file = dir.path().join("board.token");
     for empty in ["", "\n", "  \n"] {
         std::fs::write(&token_file, empty).unwrap();
@@ -497,16 +480,7 @@ async fn twq_dashboard_with_a_token_file_needs_it_for_everything_and_never_print
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twq_dashboard_on_loopback_refuses_a_foreign_host_header() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("tasks.redb");
-    {
-        let wheel = Wheel::new();
-        let queue = DurableQueue::open(&file, &wheel).await.unwrap();
-        queue
-            .schedule(Task::new("p").id("t").after(Duration::from_secs(3600)))
-            .await
-            .unwrap();
-        queue.close().await;
-    }
+    let file = a_file_with_one_task(&dir).await;
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let args: Vec<String> = [
@@ -777,4 +751,18 @@ async fn twq_dashboard_read_only_on_redis_refuses_every_action_and_writes_nothin
         assert_eq!(reply.status, StatusCode::FORBIDDEN, "{path}: {reply:?}");
     }
     assert_eq!(before, snapshot(&url));
+}
+
+/// A store in `dir` holding one task `t`, due in an hour, closed again (`twq` needs the file
+/// to itself).
+async fn a_file_with_one_task(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let file = dir.path().join("tasks.redb");
+    let wheel = Wheel::new();
+    let queue = DurableQueue::open(&file, &wheel).await.unwrap();
+    queue
+        .schedule(Task::new("p").id("t").after(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    queue.close().await;
+    file
 }
