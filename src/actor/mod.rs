@@ -566,6 +566,11 @@ impl<M: Machine> Actor<M> {
         } else if !quiet {
             self.idle_since = None;
             self.release_blocked = false;
+        } else if self.idle_since != Some(u64::MAX) {
+            // Quiet, and nothing left to give back (a drain took the memory the grace was
+            // counting for): no release to wake for. Left set, its due time would pass and
+            // ring the alarm on every turn — an idle actor spinning (outside attack).
+            self.idle_since = None;
         }
         self.machine.turn_done(&self.inbox, &self.shared);
     }
