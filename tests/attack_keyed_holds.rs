@@ -1692,7 +1692,9 @@ fn set_remove_set_scripts_from_four_threads() {
 
 /// An entry already due while two threads keep its handle's commands in flight (moves to
 /// the past, alternating earlier and later, so one is always queued): the entry still fires,
-/// once, while they are at it (they stop once it has, or after 10 s).
+/// once, while they are at it (they stop once it has, or after the hang guard). How long the
+/// firing waits under such a stream is a figure, not asserted: a loaded CI machine in a debug
+/// build saw it take over 10 s (noted for a follow-up on holds and liveness).
 #[test]
 fn moves_to_the_past_kept_in_flight_do_not_starve_the_firing() {
     let rt = two_workers();
@@ -1708,7 +1710,7 @@ fn moves_to_the_past_kept_in_flight_do_not_starve_the_firing() {
                 let (h, timers, fired, gave_up) =
                     (h.clone(), timers.clone(), fired.clone(), gave_up.clone());
                 std::thread::spawn(move || {
-                    let until = std::time::Instant::now() + Duration::from_secs(10);
+                    let until = std::time::Instant::now() + HANG;
                     let mut n = 0u64;
                     while !fired.load(Ordering::Relaxed) {
                         let d = t - us((n + j) % 2);
@@ -1734,7 +1736,7 @@ fn moves_to_the_past_kept_in_flight_do_not_starve_the_firing() {
         let e = e.expect("never fired").unwrap();
         assert!(
             !gave_up.load(Ordering::Relaxed),
-            "by_key {by_key}: held back for 10 s of moves"
+            "by_key {by_key}: held back for the whole hang guard of moves"
         );
         assert!(e.deadline() <= t);
         drop(timers);
