@@ -34,6 +34,13 @@
 //! `reset` returned after the deadline. (A count the actor only loads would not do: that load
 //! is ordered neither with the handle's count nor with the actor's own clock read.) The actor lifts the mark when
 //! it has applied the last command in flight (see [`DeadlineWord::applied`]).
+//!
+//! A mark alone could hold an entry back for good: handles that keep a command in flight at
+//! every moment keep it marked. But only commands made before the entry was due deserve to
+//! win. So the actor, finding a due entry held, notes its clock and the ledger's count in
+//! the entry's stripe then ([`Ledger::mark`]); once it has applied every command counted
+//! before that note, whatever still holds the entry was made after its deadline had passed,
+//! and it fires (`on_due`'s `released_by`).
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -195,8 +202,11 @@ impl DeadlineWord {
     }
 
     /// The actor: the entry's tick came, and everything due by `limit` may fire. Marks the
-    /// word gone if it fires; never fires a held entry.
-    pub(crate) fn on_due(&self, limit: i64) -> Due {
+    /// word gone if it fires. A held entry does not fire, unless `released_by` is given and its
+    /// deadline is at or before it: the actor has applied every command that could have been
+    /// made before that time (see `actor::keyed`), so the commands still holding it were made
+    /// after the deadline had passed and may lose to the expiry.
+    pub(crate) fn on_due(&self, limit: i64, released_by: Option<i64>) -> Due {
         let mut current = self.word.load(Ordering::Acquire);
         loop {
             let (gone, deadline) = unpack(current);
@@ -204,7 +214,7 @@ impl DeadlineWord {
                 !gone,
                 "only the actor retires a word, and it unfiles it then"
             );
-            if current & HELD != 0 {
+            if current & HELD != 0 && released_by.is_none_or(|released| deadline > released) {
                 return Due::Held;
             }
             if deadline > limit {
@@ -355,6 +365,23 @@ impl Ledger {
         }
     }
 
+    /// How many commands have been counted in `stripe` so far: a mark for
+    /// [`applied_past`](Self::applied_past). Sequentially consistent with the counts, so a
+    /// command not included was counted after this call.
+    pub(crate) fn mark(&self, stripe: usize) -> u32 {
+        self.sent[stripe].load(Ordering::SeqCst)
+    }
+
+    /// Whether every command counted in `stripe` before `mark` was taken has been applied.
+    /// For the actor, which alone counts commands applied.
+    pub(crate) fn applied_past(&self, stripe: usize, mark: u32) -> bool {
+        // Counts wrap; a stripe never has 2^31 commands in flight.
+        self.applied[stripe]
+            .load(Ordering::Relaxed)
+            .wrapping_sub(mark) as i32
+            >= 0
+    }
+
     /// Whether every command counted in `stripe` so far has been applied (and its effect on
     /// any word is visible to the caller).
     pub(crate) fn is_quiet(&self, stripe: usize) -> bool {
@@ -370,9 +397,9 @@ mod tests {
     fn a_later_move_needs_nothing_more_and_the_actor_sees_it() {
         let word = DeadlineWord::new(10);
         assert_eq!(word.move_to(50), Moved::Later);
-        assert_eq!(word.on_due(10), Due::Later(50));
+        assert_eq!(word.on_due(10, None), Due::Later(50));
         assert_eq!(word.move_to(20), Moved::Earlier);
-        assert_eq!(word.on_due(20), Due::Fire(20));
+        assert_eq!(word.on_due(20, None), Due::Fire(20));
         assert_eq!(word.load(), (true, 20));
         assert_eq!(word.move_to(90), Moved::Gone);
         assert_eq!(
@@ -380,6 +407,37 @@ mod tests {
             (true, 20),
             "a gone word keeps its last deadline"
         );
+    }
+
+    #[test]
+    fn a_held_word_fires_once_released_by_a_time_after_its_deadline() {
+        let word = DeadlineWord::new(10);
+        assert!(word.sending());
+        assert_eq!(word.on_due(20, None), Due::Held);
+        assert_eq!(
+            word.on_due(20, Some(9)),
+            Due::Held,
+            "released only by a time at or after its deadline"
+        );
+        assert_eq!(word.on_due(20, Some(10)), Due::Fire(10));
+        assert_eq!(word.load(), (true, 10));
+    }
+
+    #[test]
+    fn a_stripe_is_applied_past_a_mark_once_every_command_counted_before_it_is() {
+        let ledger = Ledger::default();
+        ledger.sending(3);
+        ledger.sending(3);
+        let mark = ledger.mark(3);
+        ledger.sending(3);
+        ledger.applied(3);
+        assert!(!ledger.applied_past(3, mark));
+        ledger.applied(3);
+        assert!(
+            ledger.applied_past(3, mark),
+            "the third was counted after the mark"
+        );
+        assert!(ledger.applied_past(4, ledger.mark(4)));
     }
 
     #[test]
@@ -414,15 +472,15 @@ mod tests {
         let word = DeadlineWord::new(5);
         assert!(word.sending(), "live when it was sent");
         assert!(word.sending());
-        assert_eq!(word.on_due(100), Due::Held);
+        assert_eq!(word.on_due(100, None), Due::Held);
         // Moves keep the hold; the first command applied lifts nothing.
         assert_eq!(word.move_to(50), Moved::Later);
         word.applied();
-        assert_eq!(word.on_due(100), Due::Held);
+        assert_eq!(word.on_due(100, None), Due::Held);
         word.applied();
         assert!(word.is_quiet());
-        assert_eq!(word.on_due(10), Due::Later(50));
-        assert_eq!(word.on_due(50), Due::Fire(50));
+        assert_eq!(word.on_due(10, None), Due::Later(50));
+        assert_eq!(word.on_due(50, None), Due::Fire(50));
         assert!(!word.sending(), "gone when it was sent");
         assert_eq!(word.load(), (true, 50));
     }
@@ -461,7 +519,7 @@ mod loom_model {
                 thread::spawn(move || word.move_to(50))
             };
             // The actor looks at the entry at time 5.
-            let due = word.on_due(5);
+            let due = word.on_due(5, None);
             let moved = handle.join().unwrap();
             match (due, moved) {
                 // Fired first, for the deadline it had: the move did nothing.
@@ -511,7 +569,7 @@ mod loom_model {
                 })
             };
             // The actor's clock says the old deadline has come.
-            let due = word.on_due(5);
+            let due = word.on_due(5, None);
             let live = handle.join().unwrap();
             match due {
                 Due::Fire(5) => assert!(!live, "fired at 5 though the move came first"),
@@ -522,8 +580,8 @@ mod loom_model {
                         assert_eq!(word.move_to(deadline), Moved::Later);
                         word.applied();
                     }
-                    assert_eq!(word.on_due(49), Due::Later(50));
-                    assert_eq!(word.on_due(50), Due::Fire(50));
+                    assert_eq!(word.on_due(49, None), Due::Later(50));
+                    assert_eq!(word.on_due(50, None), Due::Fire(50));
                 }
                 other => panic!("unexpected {other:?}"),
             }
@@ -558,7 +616,7 @@ mod loom_model {
             };
             // The actor applies what it finds, then fires whatever is due by 100.
             apply(&word, &queue);
-            let due = word.on_due(100);
+            let due = word.on_due(100, None);
             let live = handle.join().unwrap();
             let left = queue.lock().unwrap().len();
             match due {
@@ -569,7 +627,11 @@ mod loom_model {
                 Due::Held => {
                     assert_eq!(left, 1, "held with nothing in flight");
                     apply(&word, &queue);
-                    assert_eq!(word.on_due(100), Due::Fire(40), "a hold outlived its move");
+                    assert_eq!(
+                        word.on_due(100, None),
+                        Due::Fire(40),
+                        "a hold outlived its move"
+                    );
                 }
                 Due::Later(_) => panic!("everything is due by 100"),
             }

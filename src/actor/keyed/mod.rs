@@ -23,7 +23,7 @@
 //! it applies in the set's [`Ledger`], which is how a handle knows it may write its word
 //! without overtaking a command made before.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque, hash_map};
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -214,6 +214,15 @@ const HAND_ON: usize = 1024;
 /// Entry chunks a set with entries pending may keep however sparse they are.
 const RETAINED_CHUNKS: usize = 4;
 
+/// An entry found due while commands that may move or remove it were in flight (see
+/// `fire`): held back since the clock read `limit`, until every command counted in its
+/// stripe by then (`mark`, [`Ledger::mark`]) is applied.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    limit: u64,
+    mark: u32,
+}
+
 pub(crate) struct KeyedMachine<K, V> {
     timeline: Timeline,
     entries: Entries<K, V>,
@@ -228,6 +237,8 @@ pub(crate) struct KeyedMachine<K, V> {
     /// ledger's stripes).
     hasher: foldhash::fast::RandomState,
     ledger: Arc<Ledger>,
+    /// Due entries held back by commands in flight, by id: only while such races last.
+    holds: HashMap<u32, Hold>,
     /// Commands taken from the inbox's shards and not yet handed on in order (see `order`).
     merge: Merge<KeyedCommand<K, V>>,
     /// How many `Timers` clones of the set are alive: once none is, nothing new can be set,
@@ -261,6 +272,7 @@ where
             reserved: 0,
             hasher,
             ledger,
+            holds: HashMap::new(),
             merge: Merge::new(shards),
             timers,
             expirations,
@@ -290,6 +302,9 @@ where
 
     /// Entry `id` is gone: its shared word (if any) is retired. Returns the deadline it had.
     fn retire(&mut self, id: u32) -> Option<i64> {
+        if !self.holds.is_empty() {
+            self.holds.remove(&id);
+        }
         let entry = self.entries.get(id);
         if entry.due == Due::SHARED {
             let word = self.words.remove(id).expect("a shared entry has a word");
@@ -373,6 +388,7 @@ where
             self.entries.get_mut(id).due = Due::own(deadline);
         }
         self.index = Index::new();
+        self.holds = HashMap::new();
         self.timeline.forget_all();
         self.reserved = 0;
         Drained::new(std::mem::replace(&mut self.entries, Entries::new()))
@@ -565,41 +581,82 @@ where
             backlog
         };
         let mut due = Vec::new();
-        let (entries, words, hasher, ledger) =
-            (&self.entries, &self.words, &self.hasher, &self.ledger);
+        let (entries, words, hasher, ledger, holds) = (
+            &self.entries,
+            &self.words,
+            &self.hasher,
+            &self.ledger,
+            &mut self.holds,
+        );
         let shown = self.timeline.expire(now, budget, |id, limit| {
+            let entry = entries.get(id);
+            let deadline = match entry.due.deadline() {
+                Some(deadline) => deadline,
+                None => words.of(id).load().1,
+            };
+            if due_at(deadline) > limit {
+                return Verdict::Later(due_at(deadline));
+            }
+            let stripe = || Ledger::stripe(hasher.hash_one(&entry.key));
+            // Held back before, since `hold.limit`: once every command counted by then is
+            // applied, what may still be in flight was made after the deadline had passed.
+            let released_by = holds
+                .get(&id)
+                .filter(|hold| ledger.applied_past(stripe(), hold.mark))
+                .map(|hold| hold.limit);
             // In the middle of a flood's batch, a by-key command on this key (a `reset`, a
             // `remove`) may wait in the batch although it returned before the deadline: such
-            // an entry waits for the end of the turn, when the batch is applied. `Later(limit)`
-            // parks it within its own tick (the timeline shows parked entries first on every
-            // pass), so it fires once the batch is applied, not a tick later.
-            if backlog == Backlog::Unapplied
-                && !ledger.is_quiet(Ledger::stripe(hasher.hash_one(&entries.get(id).key)))
+            // an entry waits for the end of the turn, when the batch is applied.
+            let held = if backlog == Backlog::Unapplied
+                && !ledger.is_quiet(stripe())
+                && released_by.is_none_or(|released| due_at(deadline) > released)
             {
-                return Verdict::Later(limit);
-            }
-            match entries.get(id).due.deadline() {
-                Some(deadline) if due_at(deadline) <= limit => {
-                    due.push((id, deadline));
-                    Verdict::Done
-                }
-                Some(deadline) => Verdict::Later(due_at(deadline)),
+                true
+            } else if entry.due == Due::SHARED {
                 // The handle may be moving it right now: one compare-and-swap decides.
-                None => match words.of(id).on_due(limit.min(i64::MAX as u64) as i64) {
-                    word::Due::Fire(deadline) => {
-                        due.push((id, deadline));
-                        Verdict::Done
+                let released_by = released_by.map(|released| released.min(i64::MAX as u64) as i64);
+                match words
+                    .of(id)
+                    .on_due(limit.min(i64::MAX as u64) as i64, released_by)
+                {
+                    word::Due::Fire(fired) => {
+                        due.push((id, fired));
+                        return Verdict::Done;
                     }
-                    word::Due::Later(deadline) => Verdict::Later(due_at(deadline)),
+                    word::Due::Later(later) => return Verdict::Later(due_at(later)),
                     // A command of its handle is in flight, perhaps queued after this turn
                     // took the inbox but before the clock read that made the entry due (the
                     // handle then returned before the deadline): a later move queued behind
-                    // another command must not lose to the expiry. Look again once it is
-                    // applied: never early, at most a turn late, and only while racing
-                    // (parked within its tick, as above).
-                    word::Due::Held => Verdict::Later(limit),
-                },
+                    // another command must not lose to the expiry.
+                    word::Due::Held => true,
+                }
+            } else {
+                false
+            };
+            if !held {
+                due.push((id, deadline));
+                return Verdict::Done;
             }
+            // Look again once what may have returned before the deadline is applied: never
+            // early, at most a turn late. `Later(limit)` parks it within its own tick (the
+            // timeline shows parked entries first on every pass).
+            let fresh = || Hold {
+                limit,
+                mark: ledger.mark(stripe()),
+            };
+            match holds.entry(id) {
+                // A hold taken while the deadline was already due stays: taken again on every
+                // look, it would wait for commands made after the deadline, and a stream of
+                // them would hold the entry back for good.
+                hash_map::Entry::Occupied(mut hold) if hold.get().limit < due_at(deadline) => {
+                    *hold.get_mut() = fresh();
+                }
+                hash_map::Entry::Occupied(_) => {}
+                hash_map::Entry::Vacant(place) => {
+                    place.insert(fresh());
+                }
+            }
+            Verdict::Later(limit)
         });
         for (id, deadline) in due {
             let hash = self.hasher.hash_one(&self.entries.get(id).key);
@@ -676,6 +733,7 @@ where
             self.timeline.release_unfiled();
         }
         self.reserved = self.reserved.min(CHUNK);
+        self.holds.shrink_to_fit();
         self.merge.shrink();
         true
     }
@@ -690,7 +748,7 @@ mod tests;
 /// `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_model`.
 #[cfg(all(test, loom))]
 mod loom_model {
-    use std::collections::VecDeque;
+    use std::collections::{HashMap, VecDeque, hash_map};
 
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicUsize, Ordering};

@@ -65,6 +65,104 @@ async fn a_queued_handle_move_is_never_lost_to_the_expiry_it_races() {
     assert_eq!(word.load(), (true, ms(50)));
 }
 
+/// Handles that keep a command in flight at every moment (two threads moving one entry in
+/// turn) hold its word marked for good. Only the commands counted before the actor found the
+/// entry due may hold it back: once those are applied, it fires though newer ones are still
+/// in flight (they were made after its deadline had passed).
+#[tokio::test(start_paused = true)]
+async fn an_entry_held_by_a_stream_of_commands_fires_once_those_made_before_it_was_due_are_applied()
+{
+    let Bench {
+        shared,
+        mut machine,
+        mut expired,
+    } = Bench::new();
+    let mut delta = Default::default();
+    let mut ctx = Ctx {
+        shared: &shared,
+        delta: &mut delta,
+    };
+    let word = Arc::new(DeadlineWord::new(ms(5)));
+    let insert = KeyedCommand::Insert {
+        key: 1,
+        value: 1,
+        word: word.clone(),
+        seq: count_sent(&machine, 1),
+    };
+    machine.apply(insert, &mut ctx);
+    let id = word.id().expect("filed");
+    let queue_move = |machine: &KeyedMachine<u32, u32>, to| {
+        let seq = count_sent(machine, 1);
+        word.sending();
+        let target = Target::Filed {
+            id,
+            word: Arc::as_ptr(&word) as usize,
+        };
+        KeyedCommand::Move(Box::new((target, ms(to))), seq)
+    };
+    let mut in_flight = queue_move(&machine, 4);
+    machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Applied, &mut ctx);
+    assert!(
+        expired.try_recv().is_err(),
+        "fired past a command in flight"
+    );
+    // Every turn applies the command in flight while the other thread has queued the next.
+    for (turn, to) in [3, 4, 3, 4].into_iter().enumerate() {
+        let next = queue_move(&machine, to);
+        machine.apply(std::mem::replace(&mut in_flight, next), &mut ctx);
+        machine.fire(
+            ms(7 + turn as i64) as u64,
+            FIRE_FOR_TEST,
+            Backlog::Applied,
+            &mut ctx,
+        );
+        if let Ok(Delivery::Fired(expiry)) = expired.try_recv() {
+            assert!(expiry.deadline <= ms(7 + turn as i64), "fired early");
+            assert!(word.load().0, "its word is gone");
+            machine.apply(in_flight, &mut ctx);
+            assert!(expired.try_recv().is_err(), "fired twice");
+            return;
+        }
+    }
+    panic!("held back for good by commands made after its deadline");
+}
+
+/// The same for a by-key command in the middle of a flood's batch: a stripe never quiet
+/// holds a due entry back only until the commands counted before it was found due are
+/// applied.
+#[tokio::test(start_paused = true)]
+async fn a_due_entry_in_a_stripe_never_quiet_fires_once_the_commands_before_it_are_applied() {
+    let Bench {
+        shared,
+        mut machine,
+        mut expired,
+    } = Bench::new();
+    let mut delta = Default::default();
+    let mut ctx = Ctx {
+        shared: &shared,
+        delta: &mut delta,
+    };
+    set_by_key(&mut machine, &mut ctx, 1, ms(5));
+    let reset = |machine: &KeyedMachine<u32, u32>, to| KeyedCommand::Reset {
+        key: 1,
+        deadline: ms(to),
+        seq: count_sent(machine, 1),
+    };
+    let mut in_flight = reset(&machine, 4);
+    machine.fire(ms(6) as u64, FIRE_FOR_TEST, Backlog::Unapplied, &mut ctx);
+    assert!(
+        expired.try_recv().is_err(),
+        "fired past a command in its batch"
+    );
+    let next = reset(&machine, 3);
+    machine.apply(std::mem::replace(&mut in_flight, next), &mut ctx);
+    machine.fire(ms(7) as u64, FIRE_FOR_TEST, Backlog::Unapplied, &mut ctx);
+    match expired.try_recv() {
+        Ok(Delivery::Fired(expiry)) => assert_eq!(expiry.deadline, ms(4)),
+        _ => panic!("held back by a command made after its deadline"),
+    }
+}
+
 const FIRE_FOR_TEST: usize = 1024;
 
 #[test]
