@@ -69,6 +69,7 @@ pub struct Builder {
     name: String,
     runtime: Option<Handle>,
     own_thread: bool,
+    shards: Option<usize>,
 }
 
 impl Default for Builder {
@@ -86,6 +87,7 @@ impl Builder {
             name: "tokio-wheel".to_owned(),
             runtime: None,
             own_thread: false,
+            shards: None,
         }
     }
 
@@ -135,6 +137,40 @@ impl Builder {
         self
     }
 
+    /// How many actors each keyed set ([`Wheel::keyed`]) runs, its keys spread over them by
+    /// hash. Default: one per worker thread of the runtime the actors run on (one on a
+    /// current-thread runtime, and with [`own_thread`](Self::own_thread)).
+    ///
+    /// One actor applies every command of its set on one core; producers on many cores can
+    /// make by-key commands faster than that (BENCHMARKS.md measures where: a keyed set +
+    /// remove costs the actor about what it costs the caller). With `n` shards, `n` actors
+    /// apply them side by side, each with its own cascade, queues and index. What holds
+    /// per key holds as before — commands on a key apply in the order they were made, an entry
+    /// never fires early, shutdown delivers every entry once — since a key's commands all go
+    /// to its shard. [`Timers::len`](crate::Timers::len) and
+    /// [`drain`](crate::Timers::drain) ask every shard (their cost grows with `n`), and the
+    /// one [`Expirations`](crate::Expirations) stream takes from all: entries of different
+    /// shards due at nearly the same time may arrive in either order. Each shard costs an
+    /// idle set a few KiB. Sleeps, intervals and jobs run on the wheel's one timer actor,
+    /// whatever this says.
+    ///
+    /// `n` must be from 1 to 256 ([`BuildError::Shards`] otherwise).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tokio_wheel::BuildError> {
+    /// let wheel = tokio_wheel::Wheel::builder().shards(4).try_build()?;
+    /// let (timers, _expired) = wheel.keyed::<u64, ()>();
+    /// timers.set(1, (), std::time::Duration::from_secs(30));
+    /// assert_eq!(timers.len().await, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn shards(mut self, n: usize) -> Builder {
+        self.shards = Some(n);
+        self
+    }
+
     /// Starts the wheel.
     ///
     /// # Panics
@@ -175,6 +211,12 @@ impl Builder {
             return Err(BuildError::NoTimeDriver);
         }
         let levels = self.layout.slots_per_level(self.tick)?;
+        let shards = match self.shards {
+            Some(n) if !(1..=MAX_SHARDS).contains(&n) => return Err(BuildError::Shards(n)),
+            Some(n) => n,
+            None if self.own_thread => 1,
+            None => runtime.metrics().num_workers().clamp(1, MAX_SHARDS),
+        };
         if self.own_thread && clock_is_paused(&runtime) {
             return Err(BuildError::PausedClock);
         }
@@ -190,13 +232,10 @@ impl Builder {
         } else {
             None
         };
-        let shared = Arc::new(Shared::new(
-            self.name,
-            clock,
-            runtime.clone(),
-            own_thread,
-            levels,
-        ));
+        let shared = Arc::new(
+            Shared::new(self.name, clock, runtime.clone(), own_thread, levels)
+                .with_keyed_shards(shards),
+        );
         if self.own_thread {
             thread::watch_runtime(&runtime, &shared);
         }
@@ -208,6 +247,9 @@ impl Builder {
         Ok(Wheel::from_parts(shared, inbox))
     }
 }
+
+/// The most shards a keyed set may run: a key's shard is read from 8 bits of its hash.
+const MAX_SHARDS: usize = 256;
 
 /// Whether `runtime` has a time driver. Tokio offers no query: creating a `Sleep` (which
 /// registers nothing until polled) panics without one, with tokio's own message. This is the

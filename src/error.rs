@@ -22,6 +22,8 @@ pub enum BuildError {
     /// The wheel's own thread or its runtime could not be started; the message is the
     /// operating system's.
     Thread(String),
+    /// [`Builder::shards`](crate::Builder::shards) outside 1 to 256: the number given.
+    Shards(usize),
 }
 
 impl fmt::Display for BuildError {
@@ -42,6 +44,10 @@ impl fmt::Display for BuildError {
                  paused: build it without Builder::own_thread in paused-time tests",
             ),
             BuildError::Thread(why) => write!(f, "could not start the wheel's own thread: {why}"),
+            BuildError::Shards(n) => write!(
+                f,
+                "a keyed set runs from 1 to 256 shards (Builder::shards), not {n}"
+            ),
         }
     }
 }

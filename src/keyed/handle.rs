@@ -132,7 +132,7 @@ where
 
     fn reset_offset(&self, offset: i64) {
         let stripe = Ledger::stripe(self.hash);
-        if self.word.is_quiet() && self.set.ledger.is_quiet(stripe) {
+        if self.word.is_quiet() && self.set.shard(self.hash).ledger.is_quiet(stripe) {
             if self.word.move_to(offset) == Moved::Earlier {
                 // Not counted in the word: the advance writes nothing there (the actor reads
                 // the word when it applies it), so no later store of this handle can be undone
@@ -140,7 +140,7 @@ where
                 // down.
                 if !self.set.wheel.shared.is_closed() {
                     let command = KeyedCommand::Advance(self.target());
-                    self.set.send_free(command, by(offset));
+                    self.set.send_free(self.hash, command, by(offset));
                 }
             }
         } else if !self.is_stale() {
@@ -190,7 +190,7 @@ where
     /// until it is applied) and in its key's stripe (it is ordered with the by-key commands on
     /// the key), and queues it.
     fn send(&self, command: impl FnOnce(Seq) -> KeyedCommand<K, V>, urgency: Urgency) {
-        self.set.send(Ledger::stripe(self.hash), urgency, |seq| {
+        self.set.send(self.hash, urgency, |seq| {
             // Queued even if the entry went meanwhile: the command is counted in the stripe
             // already, and the actor finds the entry gone.
             let _live = self.word.sending();

@@ -27,8 +27,10 @@
 //!
 //! # Costs
 //!
-//! Each [`Wheel::keyed`](crate::Wheel::keyed) set runs its own actor task, so sets never
-//! contend with each other or with sleeps. Every by-key operation is one queued command (one
+//! Each [`Wheel::keyed`](crate::Wheel::keyed) set runs actor tasks of its own, so sets never
+//! contend with each other or with sleeps: by default one per worker thread of the runtime,
+//! each owning the keys whose hash falls to it ([`Builder::shards`](crate::Builder::shards)),
+//! so producers on many cores are not all served by one. Every by-key operation is one queued command (one
 //! lock and a push; no allocation) plus hashing the key once on the caller's side; `take`,
 //! `drain` and `len` also wait for the actor's answer. The actor keeps each entry once — key,
 //! value and an 8-byte deadline in a table, found through an index of 8-byte slots (hash bits
@@ -88,43 +90,53 @@ use crate::actor::inbox::Inbox;
 use crate::actor::keyed::KeyedMachine;
 use crate::timer::keyed::Ledger;
 
-use set::Set;
+use set::{Set, SetShard};
 pub(crate) fn new<K, V>(wheel: &Arc<WheelContext>) -> (Timers<K, V>, Expirations<K, V>)
 where
     K: Eq + Hash + Clone + Send + 'static,
     V: Send + 'static,
 {
     let shared = wheel.shared.clone();
-    // A shard per thread (a few per core); the actor puts commands back in the order they
-    // were made (`actor::keyed::order`).
-    let inbox =
-        Arc::new(Inbox::new(Inbox::<()>::shards_for_this_machine()).with_actor_on(&shared.actors));
-    let ledger = Arc::new(Ledger::default());
     let timers = Arc::new(AtomicUsize::new(1));
-    // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket.
+    // Randomly seeded per set: keys chosen by clients cannot be aimed at one bucket (or one
+    // shard).
     let hasher = foldhash::fast::RandomState::default();
+    // One stream for every shard: each shard's actor holds a sender, and the stream ends
+    // once all of them are gone.
     let (expired_sender, expired) = mpsc::unbounded_channel();
-    if shared.is_closed() {
-        // A set made after shutdown gets no actor: calls answer empty, the stream ends at once.
-        inbox.stop(&mut Default::default());
-    } else {
-        let machine = KeyedMachine::new(
-            &shared.levels,
-            shared.clock,
-            expired_sender,
-            hasher.clone(),
-            ledger.clone(),
-            timers.clone(),
-            inbox.shard_count(),
-        );
-        Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
-    }
+    let shards = (0..shared.keyed_shards)
+        .map(|_| {
+            // A queue per thread (a few per core); the actor puts commands back in the order
+            // they were made (`actor::keyed::order`).
+            let inbox = Arc::new(
+                Inbox::new(Inbox::<()>::shards_for_this_machine()).with_actor_on(&shared.actors),
+            );
+            let ledger = Arc::new(Ledger::default());
+            if shared.is_closed() {
+                // A set made after shutdown gets no actor: calls answer empty, the stream
+                // ends at once.
+                inbox.stop(&mut Default::default());
+            } else {
+                let machine = KeyedMachine::new(
+                    &shared.levels,
+                    shared.clock,
+                    expired_sender.clone(),
+                    hasher.clone(),
+                    ledger.clone(),
+                    timers.clone(),
+                    inbox.shard_count(),
+                );
+                Actor::new(machine, inbox.clone(), shared.clone()).spawn("keyed");
+            }
+            SetShard { inbox, ledger }
+        })
+        .collect();
+    drop(expired_sender);
     (
         Timers {
             set: Arc::new(Set {
                 wheel: wheel.clone(),
-                inbox,
-                ledger,
+                shards,
                 hasher,
                 timers,
             }),

@@ -1,4 +1,5 @@
-//! What a keyed set's handles share: its inbox, ledger and hasher.
+//! What a keyed set's handles share: its shards (an actor's inbox and ledger each) and its
+//! hasher.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -11,82 +12,123 @@ use crate::actor::context::WheelContext;
 use crate::actor::inbox::{Inbox, Urgency};
 use crate::actor::keyed::KeyedCommand;
 use crate::timer::keyed::{Ledger, Ordinals, Seq};
-/// What every [`Timers`] clone and [`KeyedTimer`] of a set hold: the set's inbox (closed when
-/// the last of them goes), its ledger and its hasher, and the wheel's context (kept alive, as
-/// a `Wheel` would; shown as the wheel).
+
+/// What every [`Timers`] clone and [`KeyedTimer`] of a set hold: the set's shards (each an
+/// actor with its own inbox, closed when the last of them goes, and ledger), its hasher, and
+/// the wheel's context (kept alive, as a `Wheel` would; shown as the wheel).
 pub(super) struct Set<K, V> {
     pub(super) wheel: Arc<WheelContext>,
-    pub(super) inbox: Arc<Inbox<KeyedCommand<K, V>>>,
-    pub(super) ledger: Arc<Ledger>,
+    /// A key belongs to one shard, by its hash ([`Set::shard`]): commands on a key meet in
+    /// one actor, in the order they were made; shards apply theirs side by side.
+    pub(super) shards: Box<[SetShard<K, V>]>,
     pub(super) hasher: foldhash::fast::RandomState,
-    /// How many [`Timers`] clones are alive (shared with the actor). A `KeyedTimer` can only
-    /// act on its own entry, so once this is zero and nothing is filed, the actor stops and
+    /// How many [`Timers`] clones are alive (shared with the actors). A `KeyedTimer` can only
+    /// act on its own entry, so once this is zero and nothing is filed, the actors stop and
     /// the stream ends, whatever handles still live (all stale by then).
     pub(super) timers: Arc<AtomicUsize>,
 }
 
+/// One shard of a keyed set: the inbox of its actor, and the ledger of the commands on its
+/// keys.
+pub(super) struct SetShard<K, V> {
+    pub(super) inbox: Arc<Inbox<KeyedCommand<K, V>>>,
+    pub(super) ledger: Arc<Ledger>,
+}
+
 impl<K, V> Drop for Set<K, V> {
     fn drop(&mut self) {
-        self.inbox.close();
+        for shard in &self.shards {
+            shard.inbox.close();
+        }
     }
 }
 
+/// The shard of a set of `shards` that a key with `hash` belongs to. The top bits: the
+/// ledger's stripes take the eight below them, and the actor's index the low ones and its
+/// slots' home positions from bit 32 up, so keys of one shard still spread over all of those.
+pub(crate) fn shard_of(hash: u64, shards: usize) -> usize {
+    (hash >> 56) as usize % shards
+}
+
 impl<K, V> Set<K, V> {
-    /// Queues the command `make` builds, counted in the ledger in `stripe` (the place it is
-    /// given), into this thread's inbox shard: threads never share a lock, and the actor puts
-    /// the shards' commands back in the order they were made (see `actor::keyed::order`).
-    /// `false` if the wheel has stopped (the command is then refused, as documented, and
-    /// counted nowhere).
+    /// The shard of the key with `hash`.
+    pub(super) fn shard(&self, hash: u64) -> &SetShard<K, V> {
+        &self.shards[shard_of(hash, self.shards.len())]
+    }
+
+    /// Queues the command `make` builds on the key with `hash`, counted in its shard's ledger
+    /// (the place it is given), into this thread's queue of that shard's inbox: threads never
+    /// share a lock, and the actor puts the queues' commands back in the order they were made
+    /// (see `actor::keyed::order`). `false` if the wheel has stopped (the command is then
+    /// refused, as documented, and counted nowhere).
     pub(super) fn send(
         &self,
-        stripe: usize,
+        hash: u64,
         urgency: Urgency,
         make: impl FnOnce(Seq) -> KeyedCommand<K, V>,
     ) -> bool {
+        let shard = self.shard(hash);
+        let stripe = Ledger::stripe(hash);
         !self.wheel.shared.is_closed()
-            && self
+            && shard
                 .inbox
-                .send_made(self.inbox.shard_for_thread(), urgency, || {
-                    make(self.ledger.sending(stripe))
+                .send_made(shard.inbox.shard_for_thread(), urgency, || {
+                    make(shard.ledger.sending(stripe))
                 })
     }
 
-    /// Queues a command in no order (an advance).
-    pub(super) fn send_free(&self, command: KeyedCommand<K, V>, urgency: Urgency) {
+    /// Queues a command on the key with `hash` in no order (an advance).
+    pub(super) fn send_free(&self, hash: u64, command: KeyedCommand<K, V>, urgency: Urgency) {
         if !self.wheel.shared.is_closed() {
-            let _ = self
-                .inbox
-                .send(self.inbox.shard_for_thread(), command, urgency);
+            let inbox = &self.shard(hash).inbox;
+            let _ = inbox.send(inbox.shard_for_thread(), command, urgency);
         }
     }
 
-    /// Sends a question on every key (`drain`, `len`) and waits for the answer: it comes once
-    /// every command made before it has been applied.
+    /// Sends a question on every key (`drain`, `len`) to every shard and waits for their
+    /// answers: each comes once every command made before it on the shard's keys has been
+    /// applied. `None` if the wheel had stopped; a shard that stops before it answers is left
+    /// out (what the others answered, a drain's entries above all, is not lost).
     pub(super) async fn ask_everywhere<R>(
         &self,
-        command: impl FnOnce(oneshot::Sender<R>, Ordinals) -> KeyedCommand<K, V>,
-    ) -> Option<R> {
+        command: impl Fn(oneshot::Sender<R>, Ordinals) -> KeyedCommand<K, V>,
+    ) -> Option<Vec<R>> {
         if self.wheel.shared.is_closed() {
             return None;
         }
-        let (reply, answer) = oneshot::channel();
-        // Counted with every shard locked: see `Ledger::sending_everywhere`.
-        self.inbox
-            .send_made_alone(self.inbox.shard_for_thread(), Urgency::Now, || {
-                command(reply, self.ledger.sending_everywhere())
-            });
-        // A refused command drops `reply`, so this never waits on a stopped wheel.
-        answer.await.ok()
+        // Every question is queued before any answer is awaited: the shards answer side by
+        // side, and a command made after this call on any key comes after the question.
+        let answers: Vec<_> = self
+            .shards
+            .iter()
+            .map(|shard| {
+                let (reply, answer) = oneshot::channel();
+                // Counted with every queue of the shard's inbox locked: see
+                // `Ledger::sending_everywhere`.
+                shard
+                    .inbox
+                    .send_made_alone(shard.inbox.shard_for_thread(), Urgency::Now, || {
+                        command(reply, shard.ledger.sending_everywhere())
+                    });
+                answer
+            })
+            .collect();
+        let mut replies = Vec::with_capacity(answers.len());
+        for answer in answers {
+            // A refused command drops its reply, so this never waits on a stopped wheel.
+            replies.extend(answer.await.ok());
+        }
+        Some(replies)
     }
 
-    /// Sends a question on a key of `stripe` and waits for the answer.
+    /// Sends a question on the key with `hash` and waits for the answer.
     pub(super) async fn ask<R>(
         &self,
-        stripe: usize,
+        hash: u64,
         command: impl FnOnce(oneshot::Sender<R>, Seq) -> KeyedCommand<K, V>,
     ) -> Option<R> {
         let (reply, answer) = oneshot::channel();
-        self.send(stripe, Urgency::Now, |seq| command(reply, seq));
+        self.send(hash, Urgency::Now, |seq| command(reply, seq));
         answer.await.ok()
     }
 

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::actor::inbox::Urgency;
 use crate::actor::keyed::KeyedCommand;
-use crate::timer::keyed::{DeadlineWord, Ledger};
+use crate::timer::keyed::DeadlineWord;
 
 use super::handle::KeyedTimer;
 use super::set::{Set, by};
@@ -24,8 +24,10 @@ use super::set::{Set, by};
 /// empty at once.
 ///
 /// Each thread queues its commands apart (no lock is shared between threads), and the set's
-/// actor puts them back in that order: many tasks can set and remove keys at once at little
-/// more than one task's cost per command.
+/// actors put them back in that order: many tasks can set and remove keys at once at little
+/// more than one task's cost per command. A key belongs to one of the set's
+/// [`shards`](Self::shards) (one actor each; [`Builder::shards`](crate::Builder::shards)), so
+/// by-key work from many cores is applied on as many cores.
 pub struct Timers<K, V> {
     pub(super) set: Arc<Set<K, V>>,
 }
@@ -43,7 +45,9 @@ impl<K, V> Drop for Timers<K, V> {
     fn drop(&mut self) {
         // Release: the actor, seeing zero, then sees every command this clone sent.
         if self.set.timers.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.set.inbox.nudge();
+            for shard in &self.set.shards {
+                shard.inbox.nudge();
+            }
         }
     }
 }
@@ -65,11 +69,6 @@ where
         self.set.hasher.hash_one(key)
     }
 
-    /// The ledger stripe of commands on `key`.
-    fn stripe(&self, key: &K) -> usize {
-        Ledger::stripe(self.hash(key))
-    }
-
     /// Inserts `key` with `value`, expiring `after` from now; replaces the value and deadline
     /// if the key is already set.
     pub fn set(&self, key: K, value: V, after: Duration) {
@@ -83,14 +82,14 @@ where
     }
 
     fn set_offset(&self, key: K, value: V, deadline: i64) {
-        let stripe = self.stripe(&key);
+        let hash = self.hash(&key);
         let set = |seq| KeyedCommand::Set {
             key,
             value,
             deadline,
             seq,
         };
-        self.set.send(stripe, by(deadline), set);
+        self.set.send(hash, by(deadline), set);
     }
 
     /// [`set`](Self::set) that also returns a [`KeyedTimer`]: a handle to this entry, for the
@@ -142,7 +141,7 @@ where
             word: word.clone(),
             seq,
         };
-        let sent = self.set.send(Ledger::stripe(hash), by(deadline), insert);
+        let sent = self.set.send(hash, by(deadline), insert);
         if !sent {
             // Refused: the entry never existed, and its handle is stale from the start.
             word.retire();
@@ -171,7 +170,7 @@ where
             deadline,
             seq,
         };
-        self.set.send(self.stripe(key), by(deadline), reset);
+        self.set.send(self.hash(key), by(deadline), reset);
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
@@ -181,14 +180,14 @@ where
             key: key.clone(),
             seq,
         };
-        self.set.send(self.stripe(key), Urgency::Lazy, remove);
+        self.set.send(self.hash(key), Urgency::Lazy, remove);
     }
 
     /// Removes `key` and returns its value: `Some` if and only if it was removed before it
     /// expired.
     pub async fn take(&self, key: &K) -> Option<V> {
         self.set
-            .ask(self.stripe(key), |reply, seq| KeyedCommand::Take {
+            .ask(self.hash(key), |reply, seq| KeyedCommand::Take {
                 key: key.clone(),
                 reply,
                 seq,
@@ -199,12 +198,16 @@ where
 
     /// Removes every key now and returns them with their values.
     ///
-    /// The set's actor hands its whole table over at once; turning it into pairs happens on
-    /// the calling task, so draining millions of keys never stalls the actor.
+    /// Each of the set's actors hands its whole table over at once; turning it into pairs
+    /// happens on the calling task, so draining millions of keys never stalls an actor.
     pub async fn drain(&self) -> Vec<(K, V)> {
         let drain = |reply, ordinals| KeyedCommand::Drain { reply, ordinals };
         match self.set.ask_everywhere(drain).await {
-            Some(drained) => drained.map(|(key, value, _)| (key, value)).collect(),
+            Some(drained) => drained
+                .into_iter()
+                .flatten()
+                .map(|(key, value, _)| (key, value))
+                .collect(),
             None => Vec::new(),
         }
     }
@@ -212,7 +215,8 @@ where
     /// How many keys are set.
     ///
     /// Also the set's barrier (as [`Wheel::flush`](crate::Wheel::flush) is the sleeps'): it
-    /// answers once the set's actor has applied every command sent before it. It does not wait
+    /// answers once each of the set's actors has applied every command sent before it. It
+    /// does not wait
     /// for firing: an entry already due may reach the [`Expirations`](crate::Expirations)
     /// stream a moment after `len` answers (the actor answers while it applies commands and
     /// fires after).
@@ -220,7 +224,13 @@ where
         self.set
             .ask_everywhere(|reply, ordinals| KeyedCommand::Len { reply, ordinals })
             .await
-            .unwrap_or(0)
+            .map_or(0, |lens| lens.into_iter().sum())
+    }
+
+    /// How many shards (actors) the set runs, its keys spread over them by hash: the
+    /// wheel's [`Builder::shards`](crate::Builder::shards).
+    pub fn shards(&self) -> usize {
+        self.set.shards.len()
     }
 
     /// Whether no key is set.

@@ -24,6 +24,8 @@ pub(crate) struct Shared {
     _own_thread: Option<oneshot::Sender<()>>,
     /// Slots per wheel level, for every actor's wheel.
     pub(crate) levels: Vec<u32>,
+    /// How many shards (actors) each keyed set runs (`Builder::shards`).
+    pub(crate) keyed_shards: usize,
     /// The shared state of sleeps and jobs.
     pub(crate) pool: Pool,
     pub(crate) counters: Counters,
@@ -56,12 +58,19 @@ impl Shared {
             actors,
             _own_thread: own_thread,
             levels,
+            keyed_shards: 1,
             pool: Pool::default(),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
             shutdown: watch::Sender::new(false),
             live_actors: watch::Sender::new(0),
         }
+    }
+
+    /// Each keyed set of the wheel runs `shards` actors (at least one).
+    pub(crate) fn with_keyed_shards(mut self, shards: usize) -> Self {
+        self.keyed_shards = shards.max(1);
+        self
     }
 
     pub(crate) fn is_closed(&self) -> bool {

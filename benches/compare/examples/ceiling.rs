@@ -3,7 +3,13 @@
 //! producer cores, each making operations flat out, one actor keeps up with — "cores until
 //! the actor saturates".
 //!
-//! Run: `cargo run --release -p tokio-wheel-compare --example ceiling [-- --ops 1000000 --runs 3]`.
+//! Run: `cargo run --release -p tokio-wheel-compare --example ceiling [-- --ops 1000000 --runs 3
+//! --shards 1]`.
+//!
+//! `--shards n` spreads the keyed set over `n` actors (`Builder::shards`). They all run on the
+//! wheel's one thread here, so the actor column is what the `n` of them spend together per
+//! operation: what sharding costs or saves per command. On a machine with a core per shard
+//! they apply side by side, and a keyed pattern's ceiling is `n` times one actor's.
 //!
 //! The wheel runs its actor on its own thread (`Builder::own_thread`), so its CPU time can be
 //! read alone (`/proc/self/task/<tid>/schedstat`, nanoseconds on the CPU); the producer is a
@@ -75,11 +81,12 @@ impl Pattern {
 }
 
 /// One run: (producer ns per operation, actor ns per operation).
-fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64) -> (f64, f64) {
+fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64, shards: usize) -> (f64, f64) {
     let wheel = Wheel::builder()
         .runtime(runtime.handle().clone())
         .name("ceiling")
         .own_thread(true)
+        .shards(shards)
         .try_build()
         .expect("a wheel on its own thread");
     let (timers, expired) = wheel.keyed::<u64, ()>();
@@ -153,13 +160,14 @@ fn main() {
     };
     let ops = option("--ops", 1_000_000);
     let runs = option("--runs", 3) as usize;
+    let shards = option("--shards", 1) as usize;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
     println!(
-        "| pattern ({ops} ops, median of {runs}) | producer ns/op | actor ns/op | cores until the actor saturates |"
+        "| pattern ({ops} ops, median of {runs}, {shards} keyed shard(s)) | producer ns/op | actor ns/op | cores until the actor saturates |"
     );
     println!("|---|---|---|---|");
     for pattern in [
@@ -168,7 +176,9 @@ fn main() {
         Pattern::ByKeyReset,
         Pattern::KeyedSetRemove,
     ] {
-        let mut results: Vec<(f64, f64)> = (0..runs).map(|_| run(&runtime, pattern, ops)).collect();
+        let mut results: Vec<(f64, f64)> = (0..runs)
+            .map(|_| run(&runtime, pattern, ops, shards))
+            .collect();
         let median = |pick: fn(&(f64, f64)) -> f64, results: &mut Vec<(f64, f64)>| {
             let mut values: Vec<f64> = results.iter().map(pick).collect();
             values.sort_by(f64::total_cmp);
