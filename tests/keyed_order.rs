@@ -154,3 +154,82 @@ fn a_drain_and_a_len_see_exactly_what_was_made_before_them() {
         }
     }
 }
+
+/// A `remove` right behind its key's `set` on the same thread, before the actor took the set,
+/// takes the set's place in the queue: the actor files nothing, and the outcome is the one
+/// the order implies (nothing set, nothing fires; an entry the set would have replaced is
+/// removed).
+#[tokio::test(start_paused = true)]
+async fn a_remove_right_behind_its_set_takes_its_place_and_the_actor_files_nothing() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    timers.set(1, 10, Duration::from_secs(5));
+    assert_eq!(timers.len().await, 1);
+    let before = wheel.stats();
+    for key in 1..=100 {
+        timers.set(key, key, Duration::from_secs(5));
+        timers.remove(&key);
+    }
+    assert_eq!(timers.len().await, 0, "key 1's older entry is removed too");
+    let after = support::stats_once(&wheel, |s| s.cancelled > before.cancelled);
+    assert_eq!(
+        after.inserted, before.inserted,
+        "the actor filed none of the sets"
+    );
+    assert_eq!(after.cancelled, before.cancelled + 1, "key 1's older entry");
+    assert_eq!(
+        after.inserted,
+        after.fired + after.cancelled + after.pending
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    drop(timers);
+    assert!(expired.next().await.is_none(), "nothing fired");
+}
+
+/// A `set` made on another thread after this thread's `set` (and before its `remove`) keeps
+/// the two sets in order: the remove, made last, wins, though it came right behind this
+/// thread's own set in its queue.
+#[test]
+fn a_remove_behind_its_set_still_comes_after_a_set_made_in_between_elsewhere() {
+    let runtime = support::two_workers();
+    let wheel = runtime.block_on(async { Wheel::new() });
+    let (timers, _expired) = runtime.block_on(async { wheel.keyed::<u64, u64>() });
+    for key in 0..2_000u64 {
+        timers.set(key, 1, Duration::from_secs(60));
+        let other = timers.clone();
+        std::thread::spawn(move || other.set(key, 2, Duration::from_secs(60)))
+            .join()
+            .unwrap();
+        timers.remove(&key);
+    }
+    let left = runtime.block_on(timers.drain());
+    assert!(
+        left.is_empty(),
+        "set after the removes: {:?}",
+        &left[..left.len().min(5)]
+    );
+}
+
+/// A by-key command on the key between the set and the remove (a reset), or a `len` on every
+/// key, keeps the remove a command of its own: each applies in the order made.
+#[tokio::test(start_paused = true)]
+async fn a_remove_behind_a_later_command_on_its_key_is_sent_as_made() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let before = wheel.stats();
+    timers.set(1, 1, Duration::from_secs(5));
+    timers.reset(&1, Duration::from_secs(9));
+    timers.remove(&1);
+    timers.set(2, 2, Duration::from_secs(5));
+    // Polled once: the question is sent, the answer not yet back.
+    let mut len = Box::pin(timers.len());
+    assert!(futures::poll!(&mut len).is_pending());
+    timers.remove(&2);
+    assert_eq!(len.await, 1, "the len made between saw key 2 set");
+    assert_eq!(timers.len().await, 0);
+    let after = support::stats_once(&wheel, |s| s.cancelled >= before.cancelled + 2);
+    assert_eq!(after.inserted, before.inserted + 2, "both sets were filed");
+    drop(timers);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(expired.next().await.is_none(), "nothing fired");
+}

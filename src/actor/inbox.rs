@@ -508,6 +508,28 @@ impl<C> Inbox<C> {
         false
     }
 
+    /// Offers the last `depth` commands still waiting in `shard`'s queue to `rewrite`, newest
+    /// first, under the shard's lock, until it answers `Some`; returns that answer. For a
+    /// command that cancels one its sender queued a moment ago: the actor never sees either.
+    /// `None` if none was rewritten or the actor has stopped.
+    pub(crate) fn rewrite_recent<R>(
+        &self,
+        shard: usize,
+        depth: usize,
+        mut rewrite: impl FnMut(&mut C) -> Option<R>,
+    ) -> Option<R> {
+        let mut state = self.lock(shard);
+        if state.stopped {
+            return None;
+        }
+        state
+            .commands
+            .iter_mut()
+            .rev()
+            .take(depth)
+            .find_map(|command| rewrite(command))
+    }
+
     /// Gives `slot` straight back to `shard`'s free list, for a handle whose timer the actor
     /// has fired and so no longer holds: no command, no work for the actor. `false` while the
     /// actor watches for slots coming back ([`watch_returns`](Self::watch_returns)): the

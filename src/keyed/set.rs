@@ -146,6 +146,42 @@ impl<K, V> Set<K, V> {
     }
 }
 
+/// How many commands back from the newest a `remove` looks for the `set` it cancels.
+const RECENT: usize = 8;
+
+impl<K: Eq + Clone, V> Set<K, V> {
+    /// For a `remove` of `key` (hashing to `hash`) whose `set` still waits in this thread's
+    /// queue, among its last few commands, as the last command counted on the key's stripe:
+    /// turns that set into the remove, in its place and with its count, so the actor files
+    /// nothing (an ack that comes before the actor saw the timer costs it one lookup). Any
+    /// command made after the set on the stripe, by-key or on every key, rules it out: it was
+    /// counted after, and must still apply after the set. Returns the set command taken out
+    /// (for the caller to drop outside the lock), or `None` if the remove must be sent.
+    pub(super) fn remove_queued_set(&self, hash: u64, key: &K) -> Option<KeyedCommand<K, V>> {
+        let shard = self.shard(hash);
+        let queue = shard.inbox.shard_for_thread();
+        shard
+            .inbox
+            .rewrite_recent(queue, RECENT, |command| {
+                let seq = match command {
+                    KeyedCommand::Set {
+                        key: queued, seq, ..
+                    } if queued == key => *seq,
+                    _ => return None,
+                };
+                if !shard.ledger.is_last_counted(seq) {
+                    return Some(None);
+                }
+                let remove = KeyedCommand::Remove {
+                    key: key.clone(),
+                    seq,
+                };
+                Some(Some(std::mem::replace(command, remove)))
+            })
+            .flatten()
+    }
+}
+
 /// How soon the actor must see a command for a deadline at `offset`.
 pub(super) fn by(offset: i64) -> Urgency {
     Urgency::By(offset.max(0) as u64)

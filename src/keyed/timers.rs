@@ -175,12 +175,21 @@ where
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
     /// whether it was still there.
+    ///
+    /// A `remove` that follows its key's `set` closely on the same thread, before the actor
+    /// has taken that set, takes its place in the queue: the actor files nothing (the
+    /// request-deadline pattern of a keyed set: an ack before the timer was ever filed).
     pub fn remove(&self, key: &K) {
+        let hash = self.hash(key);
+        if let Some(cancelled) = self.set.remove_queued_set(hash, key) {
+            drop(cancelled);
+            return;
+        }
         let remove = |seq| KeyedCommand::Remove {
             key: key.clone(),
             seq,
         };
-        self.set.send(self.hash(key), Urgency::Lazy, remove);
+        self.set.send(hash, Urgency::Lazy, remove);
     }
 
     /// Removes `key` and returns its value: `Some` if and only if it was removed before it

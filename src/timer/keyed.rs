@@ -326,6 +326,13 @@ impl Ledger {
         Seq::new(stripe, self.sent[stripe].fetch_add(1, Ordering::SeqCst))
     }
 
+    /// Whether `seq` is the last command counted in its stripe so far: nothing made after it
+    /// on any key of the stripe (a command counted meanwhile is concurrent with the caller).
+    pub(crate) fn is_last_counted(&self, seq: Seq) -> bool {
+        let sent = self.sent[seq.stripe()].load(Ordering::SeqCst);
+        sent.wrapping_sub(1) & ORDINAL_MASK == seq.ordinal()
+    }
+
     /// A command on every key is about to be queued: counts it in every stripe and returns
     /// its ordinal in each. Call with every shard of the set's inbox locked
     /// (`Inbox::send_made_alone`): counted one stripe at a time, it must not interleave with
