@@ -527,7 +527,7 @@ impl<C> Inbox<C> {
             .iter_mut()
             .rev()
             .take(depth)
-            .find_map(|command| rewrite(command))
+            .find_map(rewrite)
     }
 
     /// Gives `slot` straight back to `shard`'s free list, for a handle whose timer the actor
