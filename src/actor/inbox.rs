@@ -516,7 +516,7 @@ impl<C> Inbox<C> {
         &self,
         shard: usize,
         depth: usize,
-        mut rewrite: impl FnMut(&mut C) -> Option<R>,
+        rewrite: impl FnMut(&mut C) -> Option<R>,
     ) -> Option<R> {
         let mut state = self.lock(shard);
         if state.stopped {
