@@ -35,12 +35,15 @@ fn thread_cpu_ns() -> u64 {
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
-/// The CPU time so far of the wheel's own thread (named `tokio-wheel …`).
-fn actor_cpu_ns() -> u64 {
+/// The CPU time so far of the own thread of the wheel named `name` (threads are named
+/// `tokio-wheel <name>`, which the kernel cuts to 15 bytes: a three-character name is whole,
+/// so a run never reads the thread of the previous run's wheel, which may still be going).
+fn actor_cpu_ns(name: &str) -> u64 {
+    let wanted = format!("tokio-wheel {name}");
     for task in std::fs::read_dir("/proc/self/task").expect("/proc") {
         let path = task.unwrap().path();
         let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if comm.starts_with("tokio-wheel") {
+        if comm.trim_end() == wanted {
             let stat = std::fs::read_to_string(path.join("schedstat")).unwrap();
             return stat.split_whitespace().next().unwrap().parse().unwrap();
         }
@@ -61,8 +64,10 @@ fn delay(i: u64) -> Duration {
 enum Pattern {
     /// A sleep armed and dropped per request (a request deadline that is not reached).
     Request,
-    /// Live sleeps moved later (a deadline pushed back on each request).
+    /// Live sleeps moved later (a deadline pushed back on each request: keep-alive).
     SleepChurn,
+    /// Live sleeps moved to a random deadline, half of them earlier than before.
+    SleepRandom,
     /// `timers.reset(&key, d)` on 1000 live keys.
     ByKeyReset,
     /// `timers.set(key, (), d)` then `timers.remove(&key)`.
@@ -74,6 +79,7 @@ impl Pattern {
         match self {
             Pattern::Request => "request-shaped: sleep armed + dropped",
             Pattern::SleepChurn => "sleep churn: live `Sleep` reset later",
+            Pattern::SleepRandom => "live `Sleep` reset to a random deadline",
             Pattern::ByKeyReset => "by-key reset (1000 keys)",
             Pattern::KeyedSetRemove => "keyed set + remove",
         }
@@ -82,9 +88,14 @@ impl Pattern {
 
 /// One run: (producer ns per operation, actor ns per operation).
 fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64, shards: usize) -> (f64, f64) {
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "{:03}",
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 1000
+    );
     let wheel = Wheel::builder()
         .runtime(runtime.handle().clone())
-        .name("ceiling")
+        .name(name.clone())
         .own_thread(true)
         .shards(shards)
         .try_build()
@@ -98,7 +109,7 @@ fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64, shards: us
         timers.set(key, (), delay(key));
     }
     runtime.block_on(wheel.flush());
-    let actor_before = actor_cpu_ns();
+    let actor_before = actor_cpu_ns(&name);
     let producer = {
         let (wheel, timers) = (wheel.clone(), timers.clone());
         std::thread::spawn(move || {
@@ -111,6 +122,15 @@ fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64, shards: us
                     }
                 }
                 Pattern::SleepChurn => {
+                    // Later on every reset, as a keep-alive deadline moves.
+                    let base = Instant::now() + Duration::from_secs(120);
+                    for i in 0..ops {
+                        let sleep = &mut sleeps[(i % 1000) as usize];
+                        sleep.as_mut().reset(base + Duration::from_micros(i));
+                        poll_once(sleep.as_mut());
+                    }
+                }
+                Pattern::SleepRandom => {
                     let now = Instant::now();
                     for i in 0..ops {
                         let sleep = &mut sleeps[(i % 1000) as usize];
@@ -141,7 +161,7 @@ fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64, shards: us
     let producer_ns = producer.join().unwrap();
     runtime.block_on(wheel.flush());
     runtime.block_on(async { timers.len().await });
-    let actor_ns = actor_cpu_ns() - actor_before;
+    let actor_ns = actor_cpu_ns(&name) - actor_before;
     drop((timers, expired));
     runtime.block_on(wheel.shutdown());
     (
@@ -173,6 +193,7 @@ fn main() {
     for pattern in [
         Pattern::Request,
         Pattern::SleepChurn,
+        Pattern::SleepRandom,
         Pattern::ByKeyReset,
         Pattern::KeyedSetRemove,
     ] {

@@ -13,6 +13,7 @@
 //! - `--only NAME` runs one scenario group: idle, schedule, ready, timeouts, postpone, keyed,
 //!   churn, producers, keyed-producers, requests, fire, memory (e.g. under a profiler).
 //! - `--reps 9` sets the repetitions reported per case (default 5; `--quick`: 2).
+//! - `--shards 1` sets how many actors each keyed set runs (default: one per worker, 2).
 //! - `--request-tasks 64,256` picks the task counts of the requests scenario (default 128).
 //!
 //! Which peer is in which scenario, and why not elsewhere: see the head of
@@ -80,7 +81,16 @@ fn main() {
     let requests_total = if quick { 50_000 } else { 256_000 };
     let runtime = runtime();
     let handle = runtime.handle().clone();
-    let new_wheel = move || Wheel::builder().runtime(handle.clone()).build();
+    // Keyed sets' shards (`Builder::shards`); default: one per worker.
+    let shards = parse_sizes(&args, "--shards").and_then(|shards| shards.first().copied());
+    let new_wheel = move || {
+        let builder = Wheel::builder().runtime(handle.clone());
+        match shards {
+            Some(n) => builder.shards(n),
+            None => builder,
+        }
+        .build()
+    };
     // Ends a memory measurement's wheel, in which no timer may have fired.
     let shutdown = |runtime: &tokio::runtime::Runtime, wheel: Wheel| {
         on_worker(runtime, async move {
