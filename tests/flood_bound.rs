@@ -36,8 +36,24 @@ const PER_PRODUCER: u64 = 6_000_000;
 
 #[test]
 fn a_by_key_reset_flood_from_threads_takes_bounded_memory_and_a_take_is_answered() {
+    reset_flood_from_threads(None);
+}
+
+/// The set's shards share the bound: sixteen of them (as on a 16-worker machine) take no
+/// more than one.
+#[test]
+fn a_flood_over_sixteen_shards_takes_the_same_bounded_memory() {
+    reset_flood_from_threads(Some(16));
+}
+
+fn reset_flood_from_threads(shards: Option<usize>) {
     let runtime = runtime();
-    let wheel = runtime.block_on(async { Wheel::new() });
+    let wheel = runtime.block_on(async {
+        match shards {
+            Some(n) => Wheel::builder().shards(n).build(),
+            None => Wheel::new(),
+        }
+    });
     let (timers, _expired) = runtime.block_on(async { wheel.keyed::<u64, u64>() });
     for key in 0..KEYS {
         timers.set(key, key, HOUR);

@@ -265,6 +265,13 @@ impl<C> Inbox<C> {
         (position, notify)
     }
 
+    /// This inbox is one of `parts` that share one bound (a keyed set's shards): its shards
+    /// hold a `parts`-th of [`BOUND_COMMANDS`] together (each at least [`MIN_SHARD_BOUND`]).
+    pub(crate) fn sharing_bound_with(mut self, parts: usize) -> Self {
+        self.bound = (BOUND_COMMANDS / parts.max(1) / self.shards.len()).max(MIN_SHARD_BOUND);
+        self
+    }
+
     /// Says which runtime the actor runs on (see [`wait_for_room`](Self::wait_for_room)).
     pub(crate) fn with_actor_on(mut self, runtime: &tokio::runtime::Handle) -> Self {
         self.actor_known = true;

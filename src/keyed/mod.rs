@@ -104,12 +104,19 @@ where
     // One stream for every shard: each shard's actor holds a sender, and the stream ends
     // once all of them are gone.
     let (expired_sender, expired) = mpsc::unbounded_channel();
+    // Queues per shard's inbox, so that threads rarely share one (the actor puts commands
+    // back in the order they were made, `actor::keyed::order`): a few per core in all, spread
+    // over the shards, so a set costs about the same whatever its shard count.
+    let queues = (Inbox::<()>::shards_for_this_machine() / shared.keyed_shards)
+        .max(2)
+        .next_power_of_two();
     let shards = (0..shared.keyed_shards)
         .map(|_| {
-            // A queue per thread (a few per core); the actor puts commands back in the order
-            // they were made (`actor::keyed::order`).
+            // The set's shards share one bound on commands waiting.
             let inbox = Arc::new(
-                Inbox::new(Inbox::<()>::shards_for_this_machine()).with_actor_on(&shared.actors),
+                Inbox::new(queues)
+                    .sharing_bound_with(shared.keyed_shards)
+                    .with_actor_on(&shared.actors),
             );
             let ledger = Arc::new(Ledger::default());
             if shared.is_closed() {
