@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod holds;
 pub mod round5;
 pub mod wheel_model;
 
