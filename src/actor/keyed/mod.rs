@@ -23,17 +23,19 @@
 //! it applies in the set's [`Ledger`], which is how a handle knows it may write its word
 //! without overtaking a command made before.
 
-use std::collections::{HashMap, VecDeque, hash_map};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
+mod holds;
 mod index;
 mod order;
 mod tables;
 
+use self::holds::Holds;
 use self::index::{Found, Index};
 use self::order::{Counted, Merge, Place, Placed};
 use self::tables::{CHUNK, Chunk, Due, Entries, Entry, Words, due_at};
@@ -214,15 +216,6 @@ const HAND_ON: usize = 1024;
 /// Entry chunks a set with entries pending may keep however sparse they are.
 const RETAINED_CHUNKS: usize = 4;
 
-/// An entry found due while commands that may move or remove it were in flight (see
-/// `fire`): held back since the clock read `limit`, until every command counted in its
-/// stripe by then (`mark`, [`Ledger::mark`]) is applied.
-#[derive(Debug, Clone, Copy)]
-struct Hold {
-    limit: u64,
-    mark: u32,
-}
-
 pub(crate) struct KeyedMachine<K, V> {
     timeline: Timeline,
     entries: Entries<K, V>,
@@ -237,8 +230,8 @@ pub(crate) struct KeyedMachine<K, V> {
     /// ledger's stripes).
     hasher: foldhash::fast::RandomState,
     ledger: Arc<Ledger>,
-    /// Due entries held back by commands in flight, by id: only while such races last.
-    holds: HashMap<u32, Hold>,
+    /// Due entries held back by commands in flight (`holds.rs`).
+    holds: Holds,
     /// Commands taken from the inbox's shards and not yet handed on in order (see `order`).
     merge: Merge<KeyedCommand<K, V>>,
     /// How many `Timers` clones of the set are alive: once none is, nothing new can be set,
@@ -272,7 +265,7 @@ where
             reserved: 0,
             hasher,
             ledger,
-            holds: HashMap::new(),
+            holds: Holds::default(),
             merge: Merge::new(shards),
             timers,
             expirations,
@@ -302,9 +295,7 @@ where
 
     /// Entry `id` is gone: its shared word (if any) is retired. Returns the deadline it had.
     fn retire(&mut self, id: u32) -> Option<i64> {
-        if !self.holds.is_empty() {
-            self.holds.remove(&id);
-        }
+        self.holds.forget(id);
         let entry = self.entries.get(id);
         if entry.due == Due::SHARED {
             let word = self.words.remove(id).expect("a shared entry has a word");
@@ -388,7 +379,7 @@ where
             self.entries.get_mut(id).due = Due::own(deadline);
         }
         self.index = Index::new();
-        self.holds = HashMap::new();
+        self.holds.clear();
         self.timeline.forget_all();
         self.reserved = 0;
         Drained::new(std::mem::replace(&mut self.entries, Entries::new()))
@@ -600,10 +591,7 @@ where
             let stripe = || Ledger::stripe(hasher.hash_one(&entry.key));
             // Held back before, since `hold.limit`: once every command counted by then is
             // applied, what may still be in flight was made after the deadline had passed.
-            let released_by = holds
-                .get(&id)
-                .filter(|hold| ledger.applied_past(stripe(), hold.mark))
-                .map(|hold| hold.limit);
+            let released_by = holds.released_by(id, ledger, stripe);
             // In the middle of a flood's batch, a by-key command on this key (a `reset`, a
             // `remove`) may wait in the batch although it returned before the deadline: such
             // an entry waits for the end of the turn, when the batch is applied.
@@ -640,22 +628,7 @@ where
             // Look again once what may have returned before the deadline is applied: never
             // early, at most a turn late. `Later(limit)` parks it within its own tick (the
             // timeline shows parked entries first on every pass).
-            let fresh = || Hold {
-                limit,
-                mark: ledger.mark(stripe()),
-            };
-            match holds.entry(id) {
-                // A hold taken while the deadline was already due stays: taken again on every
-                // look, it would wait for commands made after the deadline, and a stream of
-                // them would hold the entry back for good.
-                hash_map::Entry::Occupied(mut hold) if hold.get().limit < due_at(deadline) => {
-                    *hold.get_mut() = fresh();
-                }
-                hash_map::Entry::Occupied(_) => {}
-                hash_map::Entry::Vacant(place) => {
-                    place.insert(fresh());
-                }
-            }
+            holds.hold(id, due_at(deadline), limit, ledger, stripe);
             Verdict::Later(limit)
         });
         for (id, deadline) in due {
@@ -733,7 +706,7 @@ where
             self.timeline.release_unfiled();
         }
         self.reserved = self.reserved.min(CHUNK);
-        self.holds.shrink_to_fit();
+        self.holds.shrink();
         self.merge.shrink();
         true
     }
@@ -748,7 +721,7 @@ mod tests;
 /// `RUSTFLAGS="--cfg loom" cargo test --release --lib loom_model`.
 #[cfg(all(test, loom))]
 mod loom_model {
-    use std::collections::{HashMap, VecDeque, hash_map};
+    use std::collections::VecDeque;
 
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicUsize, Ordering};
