@@ -210,7 +210,8 @@ fn a_remove_behind_its_set_still_comes_after_a_set_made_in_between_elsewhere() {
     );
 }
 
-/// A by-key command on the key between the set and the remove (a reset), or a `len` on every
+/// A by-key command on the key between the set and the remove (a reset to an earlier
+/// deadline, which is not merged into the set), or a `len` on every
 /// key, keeps the remove a command of its own: each applies in the order made.
 #[tokio::test(start_paused = true)]
 async fn a_remove_behind_a_later_command_on_its_key_is_sent_as_made() {
@@ -218,7 +219,7 @@ async fn a_remove_behind_a_later_command_on_its_key_is_sent_as_made() {
     let (timers, mut expired) = wheel.keyed::<u64, u64>();
     let before = wheel.stats();
     timers.set(1, 1, Duration::from_secs(5));
-    timers.reset(&1, Duration::from_secs(9));
+    timers.reset(&1, Duration::from_secs(2)); // earlier: a command of its own
     timers.remove(&1);
     timers.set(2, 2, Duration::from_secs(5));
     // Polled once: the question is sent, the answer not yet back.
@@ -232,4 +233,82 @@ async fn a_remove_behind_a_later_command_on_its_key_is_sent_as_made() {
     drop(timers);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(expired.next().await.is_none(), "nothing fired");
+}
+
+/// Keep-alive resets of one key in a burst (each later than the last), made before the actor
+/// took the first: each moves the queued command's deadline, so the actor applies one; the
+/// entry fires once, at the last deadline, never before.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_later_resets_on_a_key_costs_the_actor_one_command() {
+    let wheel = Wheel::new();
+    let (timers, mut expired) = wheel.keyed::<u64, u64>();
+    let start = tokio::time::Instant::now();
+    timers.set(1, 1, Duration::from_secs(5));
+    timers.set(2, 2, Duration::from_secs(5));
+    assert_eq!(timers.len().await, 2);
+    let before = wheel.stats();
+    for i in 1..=100 {
+        timers.reset(&1, Duration::from_secs(5) + Duration::from_millis(i));
+    }
+    // A reset to an earlier deadline is a command of its own, after the burst.
+    timers.set(3, 3, Duration::from_secs(9));
+    timers.reset(&3, Duration::from_secs(1));
+    assert_eq!(timers.len().await, 3);
+    let after = support::stats_once(&wheel, |s| s.commands >= before.commands + 4);
+    assert!(
+        after.commands - before.commands <= 5,
+        "the burst cost the actor {} commands",
+        after.commands - before.commands
+    );
+    let mut fired = Vec::new();
+    drop(timers);
+    while let Some(e) = expired.next().await {
+        assert!(tokio::time::Instant::now() >= e.deadline(), "fired early");
+        fired.push((*e.key(), e.deadline() - start));
+    }
+    assert_eq!(
+        fired,
+        [
+            (3, Duration::from_secs(1)),
+            (2, Duration::from_secs(5)),
+            (1, Duration::from_secs(5) + Duration::from_millis(100)),
+        ]
+    );
+}
+
+/// A reset behind a set made on another thread in between keeps its place after it: the
+/// other thread's set (made later) takes effect, then this reset moves it (the shutdown flush
+/// shows each entry's deadline).
+#[test]
+fn a_reset_behind_its_set_still_comes_after_a_set_made_in_between_elsewhere() {
+    let runtime = support::two_workers();
+    let wheel = runtime.block_on(async { Wheel::new() });
+    let (timers, mut expired) = runtime.block_on(async { wheel.keyed::<u64, u64>() });
+    let start = runtime.block_on(async { tokio::time::Instant::now() });
+    let (set_at, reset_at) = (
+        start + Duration::from_secs(60),
+        start + Duration::from_secs(3600),
+    );
+    for key in 0..1_000u64 {
+        timers.set_at(key, 1, set_at);
+        let other = timers.clone();
+        std::thread::spawn(move || other.set_at(key, 2, set_at))
+            .join()
+            .unwrap();
+        timers.reset_at(&key, reset_at);
+    }
+    runtime.block_on(wheel.shutdown());
+    let mut seen = 0;
+    while let Some(e) = runtime.block_on(expired.next()) {
+        assert!(e.is_shutdown());
+        assert_eq!(*e.value(), 2, "key {}", e.key());
+        assert_eq!(
+            e.deadline(),
+            reset_at,
+            "key {}: the reset was undone",
+            e.key()
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 1_000);
 }

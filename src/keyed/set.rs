@@ -180,6 +180,41 @@ impl<K: Eq + Clone, V> Set<K, V> {
             })
             .flatten()
     }
+
+    /// For a `reset` of `key` (hashing to `hash`) to `deadline`, whose `set` or `reset` still
+    /// waits in this thread's queue among its last few commands, as the last command counted
+    /// on the key's stripe, due no later than `deadline`: moves that command's deadline
+    /// instead, so a burst of keep-alive resets on a key costs the actor one. (An earlier
+    /// deadline is sent as a command of its own: the queued one may not have woken the actor
+    /// soon enough for it.) Returns whether it did.
+    pub(super) fn merge_queued_reset(&self, hash: u64, key: &K, deadline: i64) -> bool {
+        let shard = self.shard(hash);
+        let queue = shard.inbox.shard_for_thread();
+        shard
+            .inbox
+            .rewrite_recent(queue, RECENT, |command| {
+                let (queued, seq) = match command {
+                    KeyedCommand::Set {
+                        key: k,
+                        deadline: queued,
+                        seq,
+                        ..
+                    }
+                    | KeyedCommand::Reset {
+                        key: k,
+                        deadline: queued,
+                        seq,
+                    } if k == key => (queued, *seq),
+                    _ => return None,
+                };
+                let merged = *queued <= deadline && shard.ledger.is_last_counted(seq);
+                if merged {
+                    *queued = deadline;
+                }
+                Some(merged)
+            })
+            .unwrap_or(false)
+    }
 }
 
 /// How soon the actor must see a command for a deadline at `offset`.

@@ -155,6 +155,10 @@ where
     }
 
     /// Moves `key`'s expiry to `after` from now, earlier or later. No-op if absent.
+    ///
+    /// A reset to a later deadline that follows the key's `set` or `reset` closely on the same
+    /// thread, before the actor has taken it, moves that command's deadline instead of
+    /// queueing another: a burst of keep-alive resets costs the actor one.
     pub fn reset(&self, key: &K, after: Duration) {
         self.reset_offset(key, self.set.offset_after(after));
     }
@@ -165,12 +169,16 @@ where
     }
 
     fn reset_offset(&self, key: &K, deadline: i64) {
+        let hash = self.hash(key);
+        if self.set.merge_queued_reset(hash, key, deadline) {
+            return;
+        }
         let reset = |seq| KeyedCommand::Reset {
             key: key.clone(),
             deadline,
             seq,
         };
-        self.set.send(self.hash(key), by(deadline), reset);
+        self.set.send(hash, by(deadline), reset);
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
