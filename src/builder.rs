@@ -148,7 +148,10 @@ impl Builder {
     /// per key holds as before — commands on a key apply in the order they were made, an entry
     /// never fires early, shutdown delivers every entry once — since a key's commands all go
     /// to its shard. [`Timers::len`](crate::Timers::len) and
-    /// [`drain`](crate::Timers::drain) ask every shard (their cost grows with `n`), and the
+    /// [`drain`](crate::Timers::drain) ask every shard at one cut of the set's order (every
+    /// shard's queues are locked together while the questions are queued, so they see each
+    /// command made before them and none made after, as with one; their cost grows with
+    /// `n`), and the
     /// one [`Expirations`](crate::Expirations) stream takes from all: entries of different
     /// shards due at nearly the same time may arrive in either order. Each shard costs an
     /// idle set a few KiB. Sleeps, intervals and jobs run on the wheel's one timer actor,

@@ -124,6 +124,27 @@ pub(crate) enum Urgency {
     Lazy,
 }
 
+/// Every shard of an inbox, locked ([`Inbox::lock_every_shard`]).
+pub(crate) struct EveryShard<'a, C> {
+    inbox: &'a Inbox<C>,
+    states: Vec<MutexGuard<'a, Shard<C>>>,
+}
+
+impl<C> EveryShard<'_, C> {
+    /// Queues what `make` builds into `shard`, unless the actor has stopped; returns whether
+    /// it did, and if so whether the actor must be notified once the locks are let go
+    /// ([`Inbox::notify_if`]).
+    pub(crate) fn queue_made(
+        &mut self,
+        shard: usize,
+        urgency: Urgency,
+        make: impl FnOnce() -> C,
+    ) -> Option<bool> {
+        self.inbox
+            .queue_made(&mut self.states[shard], urgency, make)
+    }
+}
+
 /// Drops the indices of freed segments from `free` and orders the rest by segment, highest
 /// first, so that `pop` hands out the lowest segment's slots first. A counting sort by
 /// segment: linear in the list, whatever its order.
@@ -428,17 +449,36 @@ impl<C> Inbox<C> {
     /// [`send_made`](Self::send_made), calling `make` with every shard locked: what it counts
     /// is counted between two other sends, never in the middle of one (a command on every
     /// key counts in every stripe, one stripe at a time). Rare, so the locks cost little.
+    #[cfg(loom)]
     pub(crate) fn send_made_alone(
         &self,
         shard: usize,
         urgency: Urgency,
         make: impl FnOnce() -> C,
     ) -> bool {
-        // In shard order, as everyone who takes more than one lock (`release_segments`).
-        let mut states: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
-        let queued = self.queue_made(&mut states[shard], urgency, make);
-        drop(states);
+        let mut locked = self.lock_every_shard();
+        let queued = locked.queue_made(shard, urgency, make);
+        drop(locked);
         self.notify_if(queued)
+    }
+
+    /// Locks every shard, in shard order (as everyone who takes more than one lock:
+    /// `release_segments`): no command can be queued here until the guard goes. Several
+    /// inboxes locked together (a keyed set's shards) are locked in one order by everyone.
+    pub(crate) fn lock_every_shard(&self) -> EveryShard<'_, C> {
+        EveryShard {
+            inbox: self,
+            states: (0..self.shards.len()).map(|s| self.lock(s)).collect(),
+        }
+    }
+
+    /// Notifies the actor after a command queued through [`EveryShard::queue_made`] (the
+    /// guard let go), if that asked for it; whether it queued.
+    pub(crate) fn notify_if(&self, queued: Option<bool>) -> bool {
+        if queued == Some(true) {
+            self.wake.notify_one();
+        }
+        queued.is_some()
     }
 
     /// Queues what `make` builds into a locked shard, unless the actor has stopped; returns
@@ -450,14 +490,6 @@ impl<C> Inbox<C> {
         make: impl FnOnce() -> C,
     ) -> Option<bool> {
         (!state.stopped).then(|| self.push(state, make(), urgency).1)
-    }
-
-    /// Notifies the actor if a send (its shard's lock let go) asks for it; whether it queued.
-    fn notify_if(&self, queued: Option<bool>) -> bool {
-        if queued == Some(true) {
-            self.wake.notify_one();
-        }
-        queued.is_some()
     }
 
     /// Replaces a command still waiting in `shard`'s queue at `position` (as `send` or

@@ -96,29 +96,48 @@ impl<K, V> Set<K, V> {
         if self.wheel.shared.is_closed() {
             return None;
         }
-        // Every question is queued before any answer is awaited: the shards answer side by
-        // side, and a command made after this call on any key comes after the question.
-        let answers: Vec<_> = self
-            .shards
-            .iter()
-            .map(|shard| {
-                let (reply, answer) = oneshot::channel();
-                // Counted with every queue of the shard's inbox locked: see
-                // `Ledger::sending_everywhere`.
-                shard
-                    .inbox
-                    .send_made_alone(shard.inbox.shard_for_thread(), Urgency::Now, || {
-                        command(reply, shard.ledger.sending_everywhere())
-                    });
-                answer
-            })
-            .collect();
+        // Every shard's queues are locked together while the questions are counted and
+        // queued: each shard's question then stands at the same point of the set's order (a
+        // command made on another thread meanwhile counts before all of them or after all),
+        // so the answers add up to one cut, as one actor's would. Shards in index order, as
+        // every caller locks them.
+        let answers = self.ask_every_shard_at_once(&command);
         let mut replies = Vec::with_capacity(answers.len());
         for answer in answers {
             // A refused command drops its reply, so this never waits on a stopped wheel.
             replies.extend(answer.await.ok());
         }
         Some(replies)
+    }
+
+    /// Queues the question `command` makes to every shard, each shard's queues locked
+    /// together meanwhile (see [`ask_everywhere`](Self::ask_everywhere)); returns where the
+    /// answers will come. Not async: no lock is ever held across an await (the futures of
+    /// `len` and `drain` stay `Send`).
+    fn ask_every_shard_at_once<R>(
+        &self,
+        command: &impl Fn(oneshot::Sender<R>, Ordinals) -> KeyedCommand<K, V>,
+    ) -> Vec<oneshot::Receiver<R>> {
+        let mut locked: Vec<_> = self
+            .shards
+            .iter()
+            .map(|shard| shard.inbox.lock_every_shard())
+            .collect();
+        let here = self.shards[0].inbox.shard_for_thread();
+        let mut answers = Vec::with_capacity(self.shards.len());
+        let mut queued = Vec::with_capacity(self.shards.len());
+        for (shard, locked) in self.shards.iter().zip(&mut locked) {
+            let (reply, answer) = oneshot::channel();
+            queued.push(locked.queue_made(here, Urgency::Now, || {
+                command(reply, shard.ledger.sending_everywhere())
+            }));
+            answers.push(answer);
+        }
+        drop(locked);
+        for (shard, queued) in self.shards.iter().zip(queued) {
+            shard.inbox.notify_if(queued);
+        }
+        answers
     }
 
     /// Sends a question on the key with `hash` and waits for the answer.

@@ -335,7 +335,7 @@ impl Ledger {
 
     /// A command on every key is about to be queued: counts it in every stripe and returns
     /// its ordinal in each. Call with every shard of the set's inbox locked
-    /// (`Inbox::send_made_alone`): counted one stripe at a time, it must not interleave with
+    /// (`Inbox::lock_every_shard`): counted one stripe at a time, it must not interleave with
     /// another send's counts, or a thread's two commands on two stripes could fall one before
     /// it and one after it in the wrong order, and the actor's merge would wait for good (a
     /// loom model found exactly that).

@@ -3,6 +3,7 @@
 
 pub mod holds;
 pub mod round5;
+pub mod shards;
 pub mod wheel_model;
 
 use std::future::Future;
