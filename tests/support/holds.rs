@@ -13,6 +13,8 @@ pub use tokio::time::Instant;
 pub use tokio_wheel::Wheel;
 pub use tokio_wheel::keyed::{Expirations, Expired, KeyedTimer, Timers};
 
+pub use super::two_workers;
+
 pub static RSTATS: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 pub static FIRED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -46,14 +48,6 @@ impl Rng {
     pub fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
-}
-
-pub fn two_workers() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// A current-thread runtime whose clock starts paused.

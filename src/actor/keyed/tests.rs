@@ -31,15 +31,7 @@ async fn a_queued_handle_move_is_never_lost_to_the_expiry_it_races() {
         shared: &shared,
         delta: &mut delta,
     };
-    let word = Arc::new(DeadlineWord::new(ms(5)));
-    let insert = KeyedCommand::Insert {
-        key: 1,
-        value: 1,
-        word: word.clone(),
-        seq: count_sent(&machine, 1),
-    };
-    machine.apply(insert, &mut ctx);
-    let id = word.id().expect("filed");
+    let (word, id) = insert_with_handle(&mut machine, &mut ctx, 1, ms(5));
     let target = || Target::Filed {
         id,
         word: Arc::as_ptr(&word) as usize,
@@ -82,15 +74,7 @@ async fn an_entry_held_by_a_stream_of_commands_fires_once_those_made_before_it_w
         shared: &shared,
         delta: &mut delta,
     };
-    let word = Arc::new(DeadlineWord::new(ms(5)));
-    let insert = KeyedCommand::Insert {
-        key: 1,
-        value: 1,
-        word: word.clone(),
-        seq: count_sent(&machine, 1),
-    };
-    machine.apply(insert, &mut ctx);
-    let id = word.id().expect("filed");
+    let (word, id) = insert_with_handle(&mut machine, &mut ctx, 1, ms(5));
     let queue_move = |machine: &KeyedMachine<u32, u32>, to| {
         let seq = count_sent(machine, 1);
         word.sending();
@@ -212,6 +196,26 @@ impl Bench {
 fn count_sent(machine: &KeyedMachine<u32, u32>, key: u32) -> Seq {
     let stripe = Ledger::stripe(machine.hasher.hash_one(key));
     machine.ledger.sending(stripe)
+}
+
+/// An `insert` of `key` (value `key`) due at `deadline`, counted and applied: the entry's
+/// word, as its handle holds it, and the id the actor filed it under.
+fn insert_with_handle(
+    machine: &mut KeyedMachine<u32, u32>,
+    ctx: &mut Ctx<'_>,
+    key: u32,
+    deadline: i64,
+) -> (Arc<DeadlineWord>, u32) {
+    let word = Arc::new(DeadlineWord::new(deadline));
+    let insert = KeyedCommand::Insert {
+        key,
+        value: key,
+        word: word.clone(),
+        seq: count_sent(machine, key),
+    };
+    machine.apply(insert, ctx);
+    let id = word.id().expect("filed");
+    (word, id)
 }
 
 /// A by-key `set` of `key` (value `key`), counted and applied.
