@@ -645,6 +645,60 @@ mod loom_model {
         });
     }
 
+    /// Handles keep a move in flight while the actor finds the entry due: it is held, and the
+    /// actor notes its mark. Once the commands counted before the mark are applied (the
+    /// actor takes turns until they are: one may be counted but not yet queued), the entry
+    /// fires whatever is still in flight, having seen every move counted before the mark.
+    #[test]
+    fn a_hold_is_released_once_the_commands_counted_before_it_are_applied() {
+        loom::model(|| {
+            let word = Arc::new(DeadlineWord::new(5));
+            let ledger = Arc::new(Ledger::default());
+            let queue = Arc::new(Mutex::new(Vec::<(Seq, i64)>::new()));
+            let send = |word: &DeadlineWord, ledger: &Ledger, queue: &Mutex<Vec<_>>, to| {
+                let seq = ledger.sending(0);
+                word.sending();
+                queue.lock().unwrap().push((seq, to));
+                seq
+            };
+            // A move made before the entry was due, in flight.
+            send(&word, &ledger, &queue, 3);
+            let handle = {
+                let (word, ledger, queue) = (word.clone(), ledger.clone(), queue.clone());
+                thread::spawn(move || send(&word, &ledger, &queue, 4))
+            };
+            assert_eq!(word.on_due(5, None), Due::Held);
+            let mark = ledger.mark(0);
+            let mut applied = Vec::new();
+            while !ledger.applied_past(0, mark) {
+                // A turn applies what it finds, in count order (as the merge does).
+                let mut batch = std::mem::take(&mut *queue.lock().unwrap());
+                batch.sort_by_key(|(seq, _)| seq.ordinal());
+                for (seq, to) in batch {
+                    word.move_to(to);
+                    word.applied();
+                    ledger.applied(0);
+                    applied.push(seq.ordinal());
+                }
+                thread::yield_now();
+            }
+            let fired = match word.on_due(5, Some(5)) {
+                Due::Fire(deadline) => deadline,
+                other => panic!("not released: {other:?}"),
+            };
+            let second = handle.join().unwrap();
+            if second.ordinal() < mark {
+                assert!(
+                    applied.contains(&second.ordinal()),
+                    "fired past a move counted first"
+                );
+                assert_eq!(fired, 4);
+            } else {
+                assert!(fired == 3 || fired == 4);
+            }
+        });
+    }
+
     /// One task resets its key by key (a command), then through its handle; the actor
     /// applies the command meanwhile. Whatever the interleaving, the handle's deadline wins,
     /// as it was made last.
