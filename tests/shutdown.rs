@@ -207,7 +207,7 @@ fn the_actor_runtime_shutting_down_acts_as_shutdown() {
     actor_runtime.shutdown_timeout(Duration::from_secs(5));
 
     user_runtime.block_on(async {
-        tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::time::timeout(Duration::from_secs(60), async {
             sleep.await.unwrap();
             assert!(timeout.await.unwrap().unwrap_err().is_shutdown());
             assert_eq!(job.await, Err(JobError::Shutdown));
@@ -338,7 +338,7 @@ fn twenty_thousand_keyed_entries_in_flight_when_the_runtime_dies_are_each_delive
             .build()
             .unwrap();
         reader.block_on(async {
-            tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::time::timeout(Duration::from_secs(60), async {
                 assert_eq!(read_flush(&mut expired).await, expected, "{flavor}");
                 assert!(wheel.is_shutdown());
                 sleep.await;
@@ -417,7 +417,7 @@ fn timers_awaited_and_reset_in_a_loop_all_finish_when_the_wheel_shuts_down() {
                 .collect();
             tokio::time::sleep(Duration::from_micros(500 + round * 300)).await;
             wheel.shutdown().await;
-            tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::time::timeout(Duration::from_secs(60), async {
                 for task in tasks {
                     task.await.unwrap();
                 }
