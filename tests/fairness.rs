@@ -83,11 +83,13 @@ fn register_sleeps(wheel: &Wheel, count: u64) -> Vec<Sleep> {
         .collect()
 }
 
-/// Sets and resets [`KEYED_FLOOD`] / 2 keys an hour or more ahead.
+/// Sets and resets [`KEYED_FLOOD`] / 2 keys an hour or more ahead. Each reset moves its key
+/// earlier: a later one right behind its set would be merged into it in the queue, and the
+/// actor would apply half the commands.
 fn flood_keys(timers: &tokio_wheel::Timers<u64, u64>) {
     for key in 0..KEYED_FLOOD / 2 {
-        timers.set(key, key, Duration::from_secs(3_600));
-        timers.reset(&key, Duration::from_secs(5_400));
+        timers.set(key, key, Duration::from_secs(5_400));
+        timers.reset(&key, Duration::from_secs(3_600));
     }
 }
 

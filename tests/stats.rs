@@ -37,6 +37,9 @@ async fn counters_add_up_across_sleeps_jobs_and_keyed_timers() {
     for k in 0..6 {
         timers.set(k, (), Duration::from_millis(8));
     }
+    // Filed first: a remove right behind its set would take the set's place in the queue,
+    // and neither would count (`tests/keyed_order.rs`).
+    assert_eq!(timers.len().await, 6);
     timers.remove(&0);
     timers.remove(&1);
     settle().await;
