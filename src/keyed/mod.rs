@@ -53,7 +53,7 @@
 //!
 //! # Compared with tokio-util's `DelayQueue`
 //!
-//! `DelayQueue` runs its wheel inside the consumer's poll; a set here has its own actor task.
+//! `DelayQueue` runs its wheel inside the consumer's poll; a set here has actor tasks of its own.
 //! So an entry set (or moved) to a deadline already past is delivered on that actor's next
 //! turn — once the calling task yields, with no time passing — rather than inside the call;
 //! an entry that fired sits in the stream's buffer, no longer removable (`take` answers
