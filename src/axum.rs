@@ -63,6 +63,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::{Ready, ready};
 use std::io;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -75,7 +76,7 @@ use tokio::net::TcpListener;
 use tower_service::Service;
 
 use crate::Wheel;
-use crate::hyper::{IdleHandle, IdleIo};
+use crate::hyper::{Group, IdleHandle, IdleIo};
 use crate::tower::{BusyBody, BusyFuture, BusyService};
 
 /// A listener whose every accepted connection is an [`IdleIo`]: closed once no byte has moved
@@ -109,8 +110,8 @@ use crate::tower::{BusyBody, BusyFuture, BusyService};
 /// ```
 pub struct IdleListener<L = TcpListener> {
     listener: L,
-    wheel: Wheel,
-    timeout: Duration,
+    /// The idle connections of the wheel with this timeout: found once, not per connection.
+    group: Arc<Group>,
 }
 
 impl<L> IdleListener<L> {
@@ -120,14 +121,13 @@ impl<L> IdleListener<L> {
     pub fn new(listener: L, wheel: &Wheel, timeout: Duration) -> IdleListener<L> {
         IdleListener {
             listener,
-            wheel: wheel.clone(),
-            timeout,
+            group: Group::of(wheel, timeout),
         }
     }
 
     /// The idle timeout of each connection.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.group.timeout()
     }
 
     /// The inner listener.
@@ -152,7 +152,7 @@ impl<L: Listener> Listener for IdleListener<L> {
 
     async fn accept(&mut self) -> (IdleIo<L::Io>, L::Addr) {
         let (io, addr) = self.listener.accept().await;
-        (IdleIo::new(io, &self.wheel, self.timeout), addr)
+        (IdleIo::in_group(io, self.group.clone()), addr)
     }
 
     fn local_addr(&self) -> io::Result<L::Addr> {
@@ -164,7 +164,7 @@ impl<L: fmt::Debug> fmt::Debug for IdleListener<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleListener")
             .field("listener", &self.listener)
-            .field("timeout", &self.timeout)
+            .field("timeout", &self.group.timeout())
             .finish_non_exhaustive()
     }
 }

@@ -50,5 +50,7 @@
 mod idle;
 mod timer;
 
+#[cfg(feature = "axum")]
+pub(crate) use idle::Group;
 pub use idle::{Busy, IdleHandle, IdleIo};
 pub use timer::{HyperSleep, HyperTimer};

@@ -1,20 +1,24 @@
 //! [`IdleIo`]: closes a connection once no byte has moved for a while and no request is in
 //! progress — the idle timeout hyper lacks (hyper issue #1628).
 
+mod state;
+mod sweep;
+
 use std::fmt;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::task::AtomicWaker;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
 
-use crate::{Sleep, Wheel};
+use self::state::{BUSY, CLOSED, FILED, Idle, PARKED, SHUT};
+use self::sweep::Filing;
+pub(crate) use self::sweep::Group;
+use crate::Wheel;
+use crate::timer::clock::Clock;
 
 pin_project! {
     /// An IO (a `TcpStream`, a TLS stream, anything `AsyncRead + AsyncWrite`) that ends itself
@@ -128,6 +132,7 @@ pin_project! {
 #[derive(Clone)]
 pub struct IdleHandle {
     idle: Arc<Idle>,
+    group: Arc<Group>,
 }
 
 /// A request in progress on an [`IdleIo`]'s connection: while any `Busy` lives, the
@@ -162,32 +167,9 @@ pub struct IdleHandle {
 #[must_use = "the connection counts as busy only while the guard lives"]
 pub struct Busy {
     idle: Arc<Idle>,
+    /// A copy, not the group's `Arc`: a request touches no count every connection shares.
+    clock: Clock,
 }
-
-/// What an `IdleIo` and its handles share: kept small, one per connection.
-struct Idle {
-    timeout: Duration,
-    /// Activity is stored as nanoseconds since this instant.
-    origin: Instant,
-    /// The last traffic, in nanoseconds since `origin`: only ever moves forward.
-    last_activity: AtomicU64,
-    /// Live [`Busy`] guards (the low 32 bits) and the flags below, in one word: a guard's
-    /// release and the IO's decision to park are ordered by it, with no fence.
-    status: AtomicU64,
-    /// The tasks waiting on a read and on a write (or flush); the wheel timer wakes both.
-    read: AtomicWaker,
-    write: AtomicWaker,
-}
-
-const BUSY: u64 = u32::MAX as u64;
-/// Set by an IO that found the connection busy with its timer spent (or unusable: a zero
-/// timeout, a stopped wheel): the last guard to drop must wake it.
-const PARKED: u64 = 1 << 32;
-/// Set once the IO closed the connection.
-const CLOSED: u64 = 1 << 33;
-/// Set when the wheel timer woke the IO: only then does the IO poll the timer again, so a
-/// read or write that would wait costs no clock read and no timer poll.
-const TIMER_WOKE: u64 = 1 << 34;
 
 /// Why an `IdleIo` closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,125 +186,78 @@ impl Closed {
         };
         io::Error::new(io::ErrorKind::TimedOut, message)
     }
+
+    fn of(status: u32) -> Option<Closed> {
+        match (status & CLOSED != 0, status & SHUT != 0) {
+            (false, _) => None,
+            (true, false) => Some(Closed::Idle),
+            (true, true) => Some(Closed::Shutdown),
+        }
+    }
 }
 
-/// The non-IO half of an `IdleIo`: the wheel timer and the decision to close.
+/// No `quiet` mark.
+const NOT_QUIET: u32 = u32::MAX;
+
+/// The non-IO half of an `IdleIo`: its block, its group, and the decision to close.
 struct Watch {
     idle: Arc<Idle>,
-    wheel: Wheel,
-    /// Armed the first time the IO waits; polled with a waker made of `idle` (which wakes
-    /// both directions), and only when that waker fired.
-    sleep: Option<Sleep>,
-    closed: Option<Closed>,
-    /// Reads and writes that moved bytes (wrapping): what "a poll that moved nothing" is
-    /// judged by.
+    group: Arc<Group>,
+    /// Reads and writes that moved bytes (wrapping, never [`NOT_QUIET`]): what "a poll that
+    /// moved nothing" is judged by.
     moved: u32,
     /// Set when the connection was found closable: the count of moves then. It closes on a
     /// later poll only if nothing moved in between.
-    quiet: Option<u32>,
-}
-
-impl Idle {
-    fn now_nanos(&self) -> u64 {
-        let since = Instant::now().saturating_duration_since(self.origin);
-        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    fn touch(&self) {
-        // `fetch_max`, not `store`: a touch racing a read must not move the mark back.
-        self.last_activity
-            .fetch_max(self.now_nanos(), Ordering::Relaxed);
-    }
-
-    /// When the connection may close if nothing moves after the traffic at `last`; `None`
-    /// past the clock's range (never).
-    fn deadline_after(&self, last: u64) -> Option<Instant> {
-        self.origin
-            .checked_add(Duration::from_nanos(last))
-            .and_then(|at| at.checked_add(self.timeout))
-    }
-}
-
-impl Wake for Idle {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.status.fetch_or(TIMER_WOKE, Ordering::AcqRel);
-        self.read.wake();
-        self.write.wake();
-    }
+    quiet: u32,
 }
 
 impl Watch {
     /// The error every read and write answers once closed.
     fn closed_error(&self) -> Option<io::Error> {
-        self.closed.map(Closed::error)
+        Closed::of(self.idle.status()).map(Closed::error)
     }
 
     /// Called when the inner IO would wait (its waker is registered): ready with the error to
-    /// answer if the connection is to close now, else pending with the wheel timer armed (or,
-    /// while busy, with the last guard's drop set to wake it).
+    /// answer if the connection is to close now, else pending — filed with the sweeper, or,
+    /// while busy, with the last guard's drop set to wake it.
     fn poll_idle(&mut self) -> Poll<io::Error> {
-        let idle = &*self.idle;
-        if self.sleep.is_some() && idle.status.load(Ordering::Acquire) & TIMER_WOKE == 0 {
-            // Armed, polled, and not woken since: nothing to look at.
-            return Poll::Pending;
-        }
-        idle.status.fetch_and(!TIMER_WOKE, Ordering::AcqRel);
-        let waker = Waker::from(self.idle.clone());
-        let mut cx = Context::from_waker(&waker);
+        let idle = &self.idle;
         let why = loop {
-            let sleep = match &mut self.sleep {
-                Some(sleep) => sleep,
-                None => {
-                    let last = idle.last_activity.load(Ordering::Relaxed);
-                    let sleep = match idle.deadline_after(last) {
-                        Some(deadline) => self.wheel.sleep_until(deadline),
-                        // The wheel's saturated far future, which never comes.
-                        None => self.wheel.sleep(Duration::MAX),
-                    };
-                    self.sleep.insert(sleep)
+            let status = idle.status();
+            if status & FILED != 0 {
+                // The sweeper has it, and wakes the IO if it finds it idle.
+                return Poll::Pending;
+            }
+            if status & BUSY != 0 {
+                self.quiet = NOT_QUIET;
+                if status & PARKED != 0 || idle.swap_status(status, status | PARKED) {
+                    return Poll::Pending;
                 }
-            };
-            if Pin::new(&mut *sleep).poll(&mut cx).is_pending() {
-                return Poll::Pending;
+                continue;
             }
-            // The timer is spent: its deadline passed, or the wheel stopped. Park before
-            // looking at the guards, in the same word, so the last guard's release sees the
-            // flag and wakes us.
-            let status = idle.status.fetch_or(PARKED, Ordering::AcqRel);
-            if status & BUSY > 0 {
-                self.quiet = None;
-                return Poll::Pending;
-            }
-            idle.status.fetch_and(!PARKED, Ordering::Relaxed);
-            if self.wheel.is_shutdown() {
+            if self.group.wheel().is_shutdown() {
                 break Closed::Shutdown;
             }
-            let now = Instant::now();
+            let now = self.group.clock().now();
             // Read after the status (acquire): a guard's last touch is visible.
-            let Some(deadline) = idle.deadline_after(idle.last_activity.load(Ordering::Relaxed))
-            else {
-                // Traffic so late that its deadline is past the clock's range: never.
-                Pin::new(sleep).reset(self.wheel.sleep(Duration::MAX).deadline());
-                continue;
-            };
+            let deadline = self.group.deadline_after(idle.last_activity());
             if deadline <= now {
                 break Closed::Idle;
             }
-            // Traffic since the timer was armed: move it to the real deadline.
-            self.quiet = None;
-            Pin::new(sleep).reset(deadline);
+            self.quiet = NOT_QUIET;
+            match self.group.file(idle, status, deadline, now) {
+                Filing::Filed => return Poll::Pending,
+                Filing::Raced => continue,
+                Filing::Stopped => break Closed::Shutdown,
+            }
         };
         // Close only after one more poll of the connection that moved no byte: what it still
         // holds to send goes out first (an HTTP/2 connection buffers the last frames of a
         // response its body has finished; hyper reads ahead before it calls the service, so
         // a zero timeout would otherwise close before the first request is served).
-        if self.quiet != Some(self.moved) {
-            self.quiet = Some(self.moved);
-            self.idle.wake_by_ref();
+        if self.quiet != self.moved {
+            self.quiet = self.moved;
+            idle.wake();
             return Poll::Pending;
         }
         Poll::Ready(self.close(why))
@@ -330,18 +265,22 @@ impl Watch {
 
     /// A read or write moved bytes: traffic.
     fn moved(&mut self) {
-        self.moved = self.moved.wrapping_add(1);
-        self.idle.touch();
+        self.moved = self.moved.wrapping_add(1) % NOT_QUIET;
+        self.idle.touch(self.group.clock().now());
     }
 
     fn close(&mut self, why: Closed) -> io::Error {
-        self.closed = Some(why);
-        self.idle.status.fetch_or(CLOSED, Ordering::Relaxed);
-        self.sleep = None;
+        let shut = if why == Closed::Shutdown { SHUT } else { 0 };
+        self.idle.set(CLOSED | shut);
         // A read or write waiting in another task (a split IO) learns at once.
-        self.idle.read.wake();
-        self.idle.write.wake();
+        self.idle.wake();
         why.error()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.group.forget(&self.idle);
     }
 }
 
@@ -353,24 +292,23 @@ impl<T> IdleIo<T> {
     /// The countdown starts now: a connection that never sends a byte is closed `timeout`
     /// after this call (once it is read from).
     pub fn new(io: T, wheel: &Wheel, timeout: Duration) -> IdleIo<T> {
-        let closed = wheel.is_shutdown().then_some(Closed::Shutdown);
-        let idle = Arc::new(Idle {
-            timeout,
-            origin: Instant::now(),
-            last_activity: AtomicU64::new(0),
-            status: AtomicU64::new(if closed.is_some() { CLOSED } else { 0 }),
-            read: AtomicWaker::new(),
-            write: AtomicWaker::new(),
-        });
+        IdleIo::in_group(io, Group::of(wheel, timeout))
+    }
+
+    /// [`new`](Self::new) with the group found: what a listener does for each connection.
+    pub(crate) fn in_group(io: T, group: Arc<Group>) -> IdleIo<T> {
+        let closed = if group.wheel().is_shutdown() {
+            CLOSED | SHUT
+        } else {
+            0
+        };
         IdleIo {
             io,
             watch: Watch {
-                idle,
-                wheel: wheel.clone(),
-                sleep: None,
-                closed,
+                idle: Arc::new(Idle::new(group.clock().now(), closed)),
+                group,
                 moved: 0,
-                quiet: None,
+                quiet: NOT_QUIET,
             },
         }
     }
@@ -380,18 +318,19 @@ impl<T> IdleIo<T> {
     pub fn handle(&self) -> IdleHandle {
         IdleHandle {
             idle: self.watch.idle.clone(),
+            group: self.watch.group.clone(),
         }
     }
 
     /// The idle timeout.
     pub fn timeout(&self) -> Duration {
-        self.watch.idle.timeout
+        self.watch.group.timeout()
     }
 
     /// Whether the connection was closed (idle, or the wheel shut down): every read and write
     /// now answers `TimedOut`.
     pub fn is_closed(&self) -> bool {
-        self.watch.closed.is_some()
+        self.watch.idle.status() & CLOSED != 0
     }
 
     /// The inner IO.
@@ -435,7 +374,7 @@ impl<T: AsyncRead> AsyncRead for IdleIo<T> {
             }
             Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
             Poll::Pending => {
-                this.watch.idle.read.register(cx.waker());
+                this.watch.idle.register_read(cx.waker());
                 this.watch.poll_idle().map(Err)
             }
         }
@@ -462,7 +401,7 @@ impl<T: AsyncWrite> IdleIo<T> {
             }
             Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
             Poll::Pending => {
-                this.watch.idle.write.register(cx.waker());
+                this.watch.idle.register_write(cx.waker());
                 this.watch.poll_idle().map(Err)
             }
         }
@@ -493,8 +432,8 @@ impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.project();
         match this.io.poll_flush(cx) {
-            Poll::Pending if this.watch.closed.is_none() => {
-                this.watch.idle.write.register(cx.waker());
+            Poll::Pending if this.watch.closed_error().is_none() => {
+                this.watch.idle.register_write(cx.waker());
                 this.watch.poll_idle().map(Err)
             }
             other => other,
@@ -510,48 +449,46 @@ impl IdleHandle {
     /// Marks a request in progress: until the returned guard (and every other) drops, the
     /// connection is not closed for idleness. The countdown restarts when the last guard
     /// drops. Costs one atomic increment (and, at drop, a clock read and two atomics).
+    ///
+    /// # Panics
+    ///
+    /// With 2^27 − 1 guards of one connection alive already.
     pub fn busy(&self) -> Busy {
-        self.idle.status.fetch_add(1, Ordering::AcqRel);
+        self.idle.acquire();
         Busy {
             idle: self.idle.clone(),
+            clock: self.group.clock(),
         }
     }
 
     /// Counts as traffic now: the countdown restarts (a clock read and one atomic).
     pub fn touch(&self) {
-        self.idle.touch();
+        self.idle.touch(self.group.clock().now());
     }
 
     /// The idle timeout.
     pub fn timeout(&self) -> Duration {
-        self.idle.timeout
+        self.group.timeout()
     }
 
     /// Whether the [`IdleIo`] closed its connection (idle, or the wheel shut down) — as
     /// opposed to the connection ending any other way. hyper reports a keep-alive connection
     /// that ends between requests as a clean end (`Ok`), whatever the IO said; this tells.
     pub fn is_closed(&self) -> bool {
-        self.idle.status.load(Ordering::Relaxed) & CLOSED != 0
+        self.idle.status() & CLOSED != 0
     }
 
     /// How many [`Busy`] guards are alive now: requests in progress on the connection.
     pub fn busy_count(&self) -> usize {
-        (self.idle.status.load(Ordering::Relaxed) & BUSY) as usize
+        self.idle.busy_count()
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let idle = &*self.idle;
-        // Before the release: the IO that sees the count reach zero sees this traffic.
-        idle.touch();
-        let status = idle.status.fetch_sub(1, Ordering::AcqRel);
-        if status & BUSY == 1
-            && status & PARKED != 0
-            && idle.status.fetch_and(!PARKED, Ordering::AcqRel) & PARKED != 0
-        {
-            // As the timer does: the IO looks at its spent timer again, and decides.
-            self.idle.wake_by_ref();
+        if self.idle.release(self.clock.now()) {
+            // The IO found the connection busy and parked on it: it looks again, and decides.
+            self.idle.wake();
         }
     }
 }
@@ -560,12 +497,9 @@ impl<T: fmt::Debug> fmt::Debug for IdleIo<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleIo")
             .field("io", &self.io)
-            .field("timeout", &self.watch.idle.timeout)
-            .field(
-                "busy",
-                &(self.watch.idle.status.load(Ordering::Relaxed) & BUSY),
-            )
-            .field("closed", &self.watch.closed)
+            .field("timeout", &self.watch.group.timeout())
+            .field("busy", &self.watch.idle.busy_count())
+            .field("closed", &Closed::of(self.watch.idle.status()))
             .finish()
     }
 }
@@ -573,7 +507,7 @@ impl<T: fmt::Debug> fmt::Debug for IdleIo<T> {
 impl fmt::Debug for IdleHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleHandle")
-            .field("timeout", &self.idle.timeout)
+            .field("timeout", &self.group.timeout())
             .field("busy", &self.busy_count())
             .finish()
     }
