@@ -205,6 +205,9 @@ impl Group {
             let before = bucket.len();
             bucket.retain(|idle| idle.status() & DROPPED == 0);
             removed += before - bucket.len();
+            if bucket.len() < bucket.capacity() / 4 {
+                bucket.shrink_to_fit();
+            }
             !bucket.is_empty()
         });
         filed.len -= removed;
