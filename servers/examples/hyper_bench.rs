@@ -28,13 +28,19 @@
 //! ```text
 //! cargo run --release -p tokio-wheel-servers --example hyper_bench -- [--runs 5] [--idle 10000]
 //!     [--secs 10] [--timeout-ms 5000] [--threads 2] [--no-header-timeout] [--quick]
-//!     [--variants tokio,wheel,axum,axum-wheel]
+//!     [--variants tokio,wheel,axum,axum-wheel] [--http2]
 //! ```
 //!
 //! hyper arms its header-read timeout (30 s by default once a timer is set) for every
 //! request and drops it when the head arrives: `--no-header-timeout` turns it off in both
 //! servers, to tell that per-request timer's cost from the idle expiry's. `--threads` sets
 //! the server's worker threads.
+//!
+//! `--http2`: every connection speaks HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1 —
+//! hyper's `http2` builder in `tokio` and `wheel` (no header-read timeout there: HTTP/2 has
+//! none), hyper-util's auto builder under `axum::serve`; the client is hyper's own HTTP/2
+//! connection, one request at a time per connection, and an idle connection's close is the
+//! end of that client connection.
 //!
 //! `--quick` (CI): 200 idle connections, a 1 s timeout, 2 s of load, 1 run. `--idle 100000`
 //! raises `RLIMIT_NOFILE` to its hard limit (it must allow N + a few hundred descriptors) and
@@ -49,11 +55,12 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use http_body_util::Full;
+use http_body_util::{BodyExt, Empty};
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -116,6 +123,8 @@ struct Options {
     /// Whether the server runs hyper's header-read timeout (a timer per request).
     header_read: bool,
     variants: Vec<Variant>,
+    /// HTTP/2 with prior knowledge instead of HTTP/1.1.
+    http2: bool,
 }
 
 fn main() {
@@ -132,7 +141,8 @@ fn main() {
         let timeout = Duration::from_millis(value("--timeout-ms").unwrap().parse().unwrap());
         let threads = value("--threads").map_or(2, |t| t.parse().unwrap());
         let header_read = !args.iter().any(|arg| arg == "--no-header-timeout");
-        return run_server(variant, timeout, threads, header_read);
+        let http2 = args.iter().any(|arg| arg == "--http2");
+        return run_server(variant, timeout, threads, header_read, http2);
     }
     let quick = args.iter().any(|arg| arg == "--quick");
     let mut options = if quick {
@@ -143,6 +153,7 @@ fn main() {
             timeout: Duration::from_secs(1),
             header_read: true,
             variants: vec![Variant::Tokio, Variant::Wheel],
+            http2: false,
         }
     } else {
         Options {
@@ -152,6 +163,7 @@ fn main() {
             timeout: Duration::from_secs(5),
             header_read: true,
             variants: vec![Variant::Tokio, Variant::Wheel],
+            http2: false,
         }
     };
     if let Some(runs) = value("--runs") {
@@ -167,6 +179,7 @@ fn main() {
         options.timeout = Duration::from_millis(ms.parse().expect("--timeout-ms MS"));
     }
     options.header_read = !args.iter().any(|arg| arg == "--no-header-timeout");
+    options.http2 = args.iter().any(|arg| arg == "--http2");
     if let Some(variants) = value("--variants") {
         options.variants = variants.split(',').map(Variant::parse).collect();
     }
@@ -182,7 +195,7 @@ fn main() {
 // ---------------------------------------------------------------------------------------
 // The server (child process).
 
-fn run_server(variant: Variant, timeout: Duration, threads: usize, header_read: bool) {
+fn run_server(variant: Variant, timeout: Duration, threads: usize, header_read: bool, http2: bool) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
@@ -203,6 +216,20 @@ fn run_server(variant: Variant, timeout: Duration, threads: usize, header_read: 
             let _ = stream.set_nodelay(true);
             let service = service_fn(hello);
             match variant {
+                Variant::Tokio if http2 => {
+                    let io = TokioIdle::new(stream, timeout);
+                    let connection = http2::Builder::new(TokioExecutor::new())
+                        .timer(TokioTimer::new())
+                        .serve_connection(TokioIo::new(io), service);
+                    tokio::spawn(connection);
+                }
+                Variant::Wheel if http2 => {
+                    let io = IdleIo::new(stream, &wheel, timeout);
+                    let connection = http2::Builder::new(TokioExecutor::new())
+                        .timer(timer.clone())
+                        .serve_connection(TokioIo::new(io), service);
+                    tokio::spawn(connection);
+                }
                 Variant::Tokio => {
                     let io = TokioIdle::new(stream, timeout);
                     let connection = http1::Builder::new()
@@ -271,6 +298,9 @@ impl ServerProcess {
             .args(["--timeout-ms", &options.timeout.as_millis().to_string()]);
         if !options.header_read {
             command.arg("--no-header-timeout");
+        }
+        if options.http2 {
+            command.arg("--http2");
         }
         let mut child = command
             .stdout(Stdio::piped())
@@ -398,6 +428,89 @@ async fn request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
     }
 }
 
+/// One HTTP/2 client connection: its request sender, and its connection task, which ends
+/// when the server closes the connection.
+async fn connect_h2(
+    addr: SocketAddr,
+    index: usize,
+) -> io::Result<(
+    hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let stream = connect(addr, index).await?;
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .map_err(io::Error::other)?;
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((sender, task))
+}
+
+/// Sends one HTTP/2 request and reads its whole response.
+async fn request_h2(
+    sender: &mut hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+) -> io::Result<()> {
+    let request = Request::get("http://bench/")
+        .body(Empty::new())
+        .map_err(io::Error::other)?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(io::Error::other)?;
+    response
+        .into_body()
+        .collect()
+        .await
+        .map_err(io::Error::other)?;
+    Ok(())
+}
+
+/// [`idle_connection`] over HTTP/2.
+async fn idle_connection_h2(
+    addr: SocketAddr,
+    index: usize,
+    connecting: Arc<Semaphore>,
+    connected: mpsc::UnboundedSender<()>,
+    mut go: watch::Receiver<bool>,
+    limit: Duration,
+) -> Option<IdleTimes> {
+    let permit = connecting.acquire().await.unwrap();
+    let connection = connect_h2(addr, index).await;
+    drop(permit);
+    let _ = connected.send(());
+    let (mut sender, task) = connection.ok()?;
+    let _ = go.wait_for(|go| *go).await;
+    let sent = Instant::now();
+    request_h2(&mut sender).await.ok()?;
+    let answered = Instant::now();
+    let closed = match tokio::time::timeout(limit, task).await {
+        Ok(_) => Some(Instant::now()),
+        Err(_) => None,
+    };
+    drop(sender);
+    Some(IdleTimes {
+        sent,
+        answered,
+        closed,
+    })
+}
+
+/// [`busy_connection`] over HTTP/2: one request at a time, back to back.
+async fn busy_connection_h2(addr: SocketAddr, index: usize, until: Instant) -> Vec<u32> {
+    let (mut sender, _task) = connect_h2(addr, index).await.expect("busy connection");
+    let mut latencies = Vec::with_capacity(1 << 16);
+    while Instant::now() < until {
+        let start = Instant::now();
+        if request_h2(&mut sender).await.is_err() {
+            break;
+        }
+        latencies.push(start.elapsed().as_micros().min(u32::MAX as u128) as u32);
+    }
+    latencies
+}
+
 async fn idle_connection(
     addr: SocketAddr,
     index: usize,
@@ -467,9 +580,16 @@ async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResu
     let idle: Vec<_> = (0..options.idle)
         .map(|i| {
             let connected = connected.clone();
-            let task =
-                idle_connection(addr, i, connecting.clone(), connected, ready.clone(), limit);
-            tokio::spawn(task)
+            let (connecting, ready) = (connecting.clone(), ready.clone());
+            if options.http2 {
+                tokio::spawn(idle_connection_h2(
+                    addr, i, connecting, connected, ready, limit,
+                ))
+            } else {
+                tokio::spawn(idle_connection(
+                    addr, i, connecting, connected, ready, limit,
+                ))
+            }
         })
         .collect();
     for _ in 0..options.idle {
@@ -495,7 +615,13 @@ async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResu
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(options.secs);
     let busy: Vec<_> = (0..BUSY_CONNECTIONS)
-        .map(|i| tokio::spawn(busy_connection(addr, options.idle + i, until)))
+        .map(|i| {
+            if options.http2 {
+                tokio::spawn(busy_connection_h2(addr, options.idle + i, until))
+            } else {
+                tokio::spawn(busy_connection(addr, options.idle + i, until))
+            }
+        })
         .collect();
     let mut latencies = Vec::new();
     for task in busy {
@@ -554,12 +680,21 @@ async fn orchestrate(options: Options, threads: String) {
     println!(
         "hyper_bench: {} idle + {BUSY_CONNECTIONS} busy connections, idle timeout {:?}, \
          {} s of load, {} run(s) per variant, server: {threads} worker thread(s), \
-         header-read timeout {}",
+         header-read timeout {}, {}",
         options.idle,
         options.timeout,
         options.secs,
         options.runs,
-        if options.header_read { "30 s" } else { "off" }
+        if options.header_read && !options.http2 {
+            "30 s"
+        } else {
+            "off"
+        },
+        if options.http2 {
+            "HTTP/2 (h2c)"
+        } else {
+            "HTTP/1.1"
+        }
     );
     println!(
         "| run | variant | req/s | p50 µs | p99 µs | server CPU µs/req | max RSS MiB | \
