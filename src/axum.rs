@@ -51,13 +51,14 @@
 //!
 //! # Cost
 //!
-//! An idle connection costs what its [`IdleIo`] adds: measured, 300–350 heap bytes (a boxed
-//! tokio `Sleep` per connection adds 112; BENCHMARKS.md). Each read or write that moves bytes
-//! is a clock read and one atomic; a read that would wait is one waker registration, and
-//! touches the timer only when it fired. A request costs
-//! one busy guard (an `Arc` clone, an atomic increment, and at release a clock read and three
-//! atomics), no message to the wheel's actor, the `ConnectInfo` extension, and one allocation
-//! to carry the guard in axum's `Body` (none when the response body is empty).
+//! An idle connection costs what its [`IdleIo`] adds: measured, 72–75 heap bytes (a boxed
+//! tokio `Sleep` per connection adds 112; BENCHMARKS.md), and no wheel timer of its own (the
+//! listener's connections share one sweeper). Each read or write that moves bytes is a clock
+//! read and one atomic; a read that would wait is one waker registration and one load. A
+//! request costs one busy guard (an `Arc` clone, an atomic increment, and at release a clock
+//! read and two or three atomics), no message to the wheel's actor, the `ConnectInfo`
+//! extension, and one allocation to carry the guard in axum's `Body` (none when the response
+//! body is empty).
 
 use std::convert::Infallible;
 use std::fmt;
