@@ -14,7 +14,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use self::state::{BUSY, CLOSED, FILED, Idle, PARKED, SHUT};
+use self::state::{CLOSED, FILED, Idle, Parking, SHUT};
 use self::sweep::Filing;
 pub(crate) use self::sweep::Group;
 use crate::Wheel;
@@ -238,12 +238,13 @@ impl Watch {
                 // The sweeper has it, and wakes the IO if it finds it idle.
                 return Poll::Pending;
             }
-            if status & BUSY != 0 {
-                self.quiet = NOT_QUIET;
-                if status & PARKED != 0 || idle.swap_status(status, status | PARKED) {
+            match idle.park_if_busy(status) {
+                Parking::Parked => {
+                    self.quiet = NOT_QUIET;
                     return Poll::Pending;
                 }
-                continue;
+                Parking::Raced => continue,
+                Parking::Free => {}
             }
             if self.group.wheel().is_shutdown() {
                 break Closed::Shutdown;

@@ -1,6 +1,9 @@
 //! What an `IdleIo` and its handles share: one small block per connection, whose status word
 //! orders a request's end, the sweeper's look and the IO's decision to close.
 
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::task::Waker;
 
@@ -35,6 +38,29 @@ pub(super) struct Idle {
     /// The task waiting on a write or flush, if one ever did: made then, since most
     /// connections' writes never wait (a split IO has two tasks to wake; hyper has one).
     write: OnceBox<AtomicWaker>,
+}
+
+/// What the IO's look at an unfiled block found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Parking {
+    /// A request is in progress: the IO waits, and the last guard's drop wakes it.
+    Parked,
+    /// No request in progress: the IO judges the traffic itself.
+    Free,
+    /// The word moved meanwhile: look again.
+    Raced,
+}
+
+/// What the sweeper's look at a filed block found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Look {
+    /// The IO is gone: drop the block.
+    Dropped,
+    /// Traffic since: file it again for this deadline.
+    Moved(u64),
+    /// Taken out of the group; `wake`: the IO must look (idle, or the wheel stopped), else a
+    /// request is in progress and its last guard wakes the IO.
+    Unfiled { wake: bool },
 }
 
 impl Idle {
@@ -97,6 +123,61 @@ impl Idle {
             && self.status.fetch_and(!PARKED, Ordering::AcqRel) & PARKED != 0
     }
 
+    /// The IO, finding the block unfiled with `status`, parks it if a request is in progress.
+    pub(super) fn park_if_busy(&self, status: u32) -> Parking {
+        if status & BUSY == 0 {
+            Parking::Free
+        } else if status & PARKED != 0 || self.swap_status(status, status | PARKED) {
+            Parking::Parked
+        } else {
+            Parking::Raced
+        }
+    }
+
+    /// The sweeper's look at a block it holds (filed) at `now`: `deadline_after` maps the
+    /// last traffic to the moment the connection may close; `stopping` hands every block back.
+    pub(super) fn look(
+        &self,
+        now: u64,
+        stopping: bool,
+        deadline_after: impl Fn(u64) -> u64,
+    ) -> Look {
+        loop {
+            let status = self.status();
+            if status & DROPPED != 0 {
+                return Look::Dropped;
+            }
+            let busy = status & BUSY != 0;
+            if !stopping && !busy {
+                // Read after the status (acquire): a guard's last touch is visible.
+                let deadline = deadline_after(self.last_activity());
+                if deadline > now {
+                    return Look::Moved(deadline);
+                }
+            }
+            let parked = busy && !stopping;
+            let unfiled = if parked {
+                (status & !FILED) | PARKED
+            } else {
+                status & !FILED
+            };
+            if self.swap_status(status, unfiled) {
+                return Look::Unfiled { wake: !parked };
+            }
+        }
+    }
+
+    /// The IO files the block it found unfiled with `status`; false if the word moved
+    /// meanwhile (a guard came or went: look again).
+    pub(super) fn mark_filed(&self, status: u32) -> bool {
+        self.swap_status(status, (status | FILED) & !PARKED)
+    }
+
+    /// The IO is dropped: true if the block was filed (so a group holds it, to be swept out).
+    pub(super) fn drop_io(&self) -> bool {
+        self.set(DROPPED) & FILED != 0
+    }
+
     pub(super) fn busy_count(&self) -> usize {
         (self.status.load(Ordering::Relaxed) & BUSY) as usize
     }
@@ -117,5 +198,91 @@ impl Idle {
         if let Some(write) = self.write.get() {
             write.wake();
         }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_model {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    fn park(idle: &Idle) -> bool {
+        loop {
+            match idle.park_if_busy(idle.status()) {
+                Parking::Parked => return true,
+                Parking::Free => return false,
+                Parking::Raced => continue,
+            }
+        }
+    }
+
+    /// The last request ends while the IO decides to wait on it: if the IO parked, the last
+    /// guard's drop wakes it; if the drop came first, the IO finds no request and sees its
+    /// touch.
+    #[test]
+    fn loom_model_a_parked_io_is_woken_by_the_last_guard() {
+        loom::model(|| {
+            let idle = Arc::new(Idle::new(0, 0));
+            idle.acquire();
+            idle.acquire();
+            let guards: Vec<_> = [10, 20]
+                .into_iter()
+                .map(|now| {
+                    let idle = idle.clone();
+                    thread::spawn(move || idle.release(now))
+                })
+                .collect();
+            let parked = park(&idle);
+            if !parked {
+                // Both releases came before the IO's look: it sees both touches.
+                assert_eq!(idle.last_activity(), 20);
+            }
+            let woken = guards
+                .into_iter()
+                .map(|guard| guard.join().unwrap())
+                .filter(|&woke| woke)
+                .count();
+            assert_eq!(woken, usize::from(parked));
+        });
+    }
+
+    /// The sweeper looks at a filed connection while its last request ends (timeout zero):
+    /// set aside as busy, the release wakes the IO; released first, the sweeper wakes it.
+    /// Never both, never neither, never filed again.
+    #[test]
+    fn loom_model_a_connection_the_sweeper_sets_aside_is_woken_by_its_last_guard() {
+        loom::model(|| {
+            let idle = Arc::new(Idle::new(0, FILED));
+            idle.acquire();
+            let guard = {
+                let idle = idle.clone();
+                thread::spawn(move || idle.release(10))
+            };
+            let look = idle.look(10, false, |last| last);
+            let released_wake = guard.join().unwrap();
+            match look {
+                Look::Unfiled { wake } => assert_ne!(wake, released_wake),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(idle.status() & (FILED | PARKED | BUSY), 0);
+        });
+    }
+
+    /// The IO is dropped while the sweeper looks: the group counts the block as dropped
+    /// exactly when the sweeper (now or at a later look) finds it so, never otherwise.
+    #[test]
+    fn loom_model_a_drop_racing_the_sweeper_is_counted_once() {
+        loom::model(|| {
+            let idle = Arc::new(Idle::new(0, FILED));
+            let dropper = {
+                let idle = idle.clone();
+                thread::spawn(move || idle.drop_io())
+            };
+            let look = idle.look(200, false, |last| last + 100);
+            let counted = dropper.join().unwrap();
+            assert_eq!(counted, look == Look::Dropped, "{look:?}");
+        });
     }
 }

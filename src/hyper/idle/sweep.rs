@@ -24,7 +24,7 @@ use std::time::Duration;
 use futures::future::{Either, select};
 use tokio::sync::Notify;
 
-use super::state::{BUSY, DROPPED, FILED, Idle, PARKED};
+use super::state::{DROPPED, Idle, Look};
 use crate::Wheel;
 use crate::timer::clock::{Clock, NEVER, NEVER_TICK};
 
@@ -168,7 +168,7 @@ impl Group {
         if filed.stopped {
             return Filing::Stopped;
         }
-        if !idle.swap_status(status, (status | FILED) & !PARKED) {
+        if !idle.mark_filed(status) {
             return Filing::Raced;
         }
         filed.buckets.entry(bucket).or_default().push(idle.clone());
@@ -188,7 +188,7 @@ impl Group {
 
     /// The IO owning `idle` is dropped.
     pub(super) fn forget(&self, idle: &Idle) {
-        if idle.set(DROPPED) & FILED == 0 {
+        if !idle.drop_io() {
             return;
         }
         let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
@@ -245,28 +245,13 @@ impl Group {
     /// Judges `idle`, filed and in the sweeper's hands, at `now` (`stopping`: the wheel
     /// stopped, so every connection is handed back to its IO).
     fn judge(&self, idle: &Idle, now: u64, stopping: bool) -> Verdict {
-        loop {
-            let status = idle.status();
-            if status & DROPPED != 0 {
+        match idle.look(now, stopping, |last| self.deadline_after(last)) {
+            Look::Dropped => {
                 self.dropped.fetch_sub(1, Ordering::Relaxed);
-                return Verdict::Discard;
+                Verdict::Discard
             }
-            let busy = status & BUSY != 0;
-            if !stopping && !busy {
-                let deadline = self.deadline_after(idle.last_activity());
-                if deadline > now {
-                    return Verdict::Refile(self.bucket(deadline, now));
-                }
-            }
-            let parked = busy && !stopping;
-            let unfiled = if parked {
-                (status & !FILED) | PARKED
-            } else {
-                status & !FILED
-            };
-            if idle.swap_status(status, unfiled) {
-                return Verdict::Unfiled { wake: !parked };
-            }
+            Look::Moved(deadline) => Verdict::Refile(self.bucket(deadline, now)),
+            Look::Unfiled { wake } => Verdict::Unfiled { wake },
         }
     }
 
