@@ -142,3 +142,30 @@ async fn every_connection_closes_exactly_after_its_own_silence() {
     }
     assert!(closed >= 200, "only {closed} connections closed");
 }
+
+/// Once every connection of a timeout is dropped, long before their deadlines, the group lets
+/// go at once: its sweeper ends and no wheel timer is left pending for connections that are
+/// gone (the actor may then exit, as with no `IdleIo` at all).
+#[tokio::test(start_paused = true)]
+async fn dropping_every_connection_ends_the_sweeper_and_its_timer() {
+    let wheel = Wheel::new();
+    let mut ios = Vec::new();
+    let mut peers = Vec::new();
+    for _ in 0..10 {
+        let (stream, peer) = tokio::io::duplex(64);
+        let mut io = IdleIo::new(stream, &wheel, Duration::from_secs(60));
+        let read = tokio::time::timeout(Duration::from_millis(1), io.read(&mut [0; 8])).await;
+        assert!(read.is_err(), "no byte, no close yet");
+        ios.push(io);
+        peers.push(peer);
+    }
+    tokio::task::yield_now().await;
+    wheel.flush().await;
+    assert_eq!(wheel.stats().pending, 1, "one timer: the group's sweeper");
+    drop(ios);
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    wheel.flush().await;
+    assert_eq!(wheel.stats().pending, 0, "the sweeper still waits");
+}

@@ -313,6 +313,7 @@ impl<T> IdleIo<T> {
         } else {
             0
         };
+        group.join();
         IdleIo {
             io,
             watch: Watch {

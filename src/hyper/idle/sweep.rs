@@ -13,7 +13,9 @@
 //!
 //! A dropped connection stays in its bucket, marked, until the sweeper or a compaction meets
 //! it; a compaction runs once the marked outnumber half the filed, so memory stays within
-//! twice the live connections' at amortised constant cost per drop.
+//! twice the live connections' at amortised constant cost per drop. When the group's last
+//! connection is dropped, the buckets are emptied at once and the sweeper ends, so nothing
+//! keeps the wheel's actor running for connections that are gone.
 
 use std::collections::BTreeMap;
 use std::pin::pin;
@@ -53,6 +55,8 @@ pub(crate) struct Group {
     earlier: Notify,
     /// Dropped connections still in a bucket or the sweeper's hands.
     dropped: AtomicUsize,
+    /// Connections (`IdleIo`s) alive.
+    live: AtomicUsize,
 }
 
 struct Filed {
@@ -115,6 +119,7 @@ impl Group {
             }),
             earlier: Notify::new(),
             dropped: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
         });
         groups.push(Arc::downgrade(&group));
         group
@@ -186,14 +191,28 @@ impl Group {
         Filing::Filed
     }
 
+    /// A connection (an `IdleIo`) of this group is made.
+    pub(super) fn join(&self) {
+        self.live.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The IO owning `idle` is dropped.
     pub(super) fn forget(&self, idle: &Idle) {
-        if !idle.drop_io() {
-            return;
-        }
-        let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-        if dropped >= COMPACT_AT && dropped * 2 > self.lock().len {
+        let filed = idle.drop_io();
+        let dropped = if filed {
+            self.dropped.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.dropped.load(Ordering::Relaxed)
+        };
+        // AcqRel: the last one out sees every other connection's mark.
+        let last = self.live.fetch_sub(1, Ordering::AcqRel) == 1;
+        if dropped > 0 && (last || (dropped >= COMPACT_AT && dropped * 2 > self.lock().len)) {
             self.compact();
+            if last {
+                // The sweeper looks again, finds nothing (unless a connection came
+                // meanwhile), and ends.
+                self.earlier.notify_one();
+            }
         }
     }
 
