@@ -111,8 +111,9 @@ use crate::tower::{BusyBody, BusyFuture, BusyService};
 /// ```
 pub struct IdleListener<L = TcpListener> {
     listener: L,
-    /// The idle connections of the wheel with this timeout: found once, not per connection.
+    /// The wheel's idle connections: found once, not per connection.
     group: Arc<Group>,
+    timeout: Duration,
 }
 
 impl<L> IdleListener<L> {
@@ -122,13 +123,14 @@ impl<L> IdleListener<L> {
     pub fn new(listener: L, wheel: &Wheel, timeout: Duration) -> IdleListener<L> {
         IdleListener {
             listener,
-            group: Group::of(wheel, timeout),
+            group: Group::of(wheel),
+            timeout,
         }
     }
 
     /// The idle timeout of each connection.
     pub fn timeout(&self) -> Duration {
-        self.group.timeout()
+        self.timeout
     }
 
     /// The inner listener.
@@ -153,7 +155,7 @@ impl<L: Listener> Listener for IdleListener<L> {
 
     async fn accept(&mut self) -> (IdleIo<L::Io>, L::Addr) {
         let (io, addr) = self.listener.accept().await;
-        (IdleIo::in_group(io, self.group.clone()), addr)
+        (IdleIo::in_group(io, self.group.clone(), self.timeout), addr)
     }
 
     fn local_addr(&self) -> io::Result<L::Addr> {
@@ -165,7 +167,7 @@ impl<L: fmt::Debug> fmt::Debug for IdleListener<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleListener")
             .field("listener", &self.listener)
-            .field("timeout", &self.group.timeout())
+            .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }

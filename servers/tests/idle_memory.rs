@@ -85,4 +85,23 @@ async fn an_idle_connection_costs_less_than_a_tokio_sleep_and_a_dropped_one_give
         "{left} bytes still held after dropping {N} idle connections"
     );
     drop((unwrapped, peers));
+
+    // A timeout per connection (jittered) costs the same: one group per wheel, not per
+    // timeout.
+    let (mut streams, peers): (Vec<_>, Vec<_>) = (0..N).map(|_| tokio::io::duplex(64)).unzip();
+    let mut ios = Vec::with_capacity(N);
+    let before = live();
+    for (n, stream) in streams.drain(..).enumerate() {
+        let timeout = TIMEOUT + Duration::from_micros(n as u64 * 997);
+        ios.push(IdleIo::new(stream, &wheel, timeout));
+    }
+    for io in &mut ios {
+        wait_once(io);
+    }
+    let jittered_bytes = (live() - before) as usize / N + inline;
+    assert!(
+        jittered_bytes < tokio_bytes,
+        "an idle IdleIo with a timeout of its own adds {jittered_bytes} bytes, a tokio Sleep {tokio_bytes}"
+    );
+    drop((ios, peers));
 }

@@ -169,3 +169,47 @@ async fn dropping_every_connection_ends_the_sweeper_and_its_timer() {
     wheel.flush().await;
     assert_eq!(wheel.stats().pending, 0, "the sweeper still waits");
 }
+
+/// Connections with as many timeouts as there are connections (a jittered idle timeout) cost
+/// what connections with one timeout cost: one sweeper and one wheel timer for the whole
+/// wheel, each connection closing exactly after its own timeout. (An outside attack found a
+/// group per timeout, looked up in a list: making 16 000 such connections took seconds.)
+#[tokio::test(start_paused = true)]
+async fn distinct_timeouts_share_one_sweeper_and_each_closes_on_time() {
+    let wheel = Wheel::new();
+    let mut readers = Vec::new();
+    let mut peers = Vec::new();
+    let mut ios = Vec::new();
+    for n in 0..2_000u64 {
+        let timeout = Duration::from_secs(3) + Duration::from_micros(n * 997);
+        let (stream, peer) = tokio::io::duplex(64);
+        let mut io = IdleIo::new(stream, &wheel, timeout);
+        let read = tokio::time::timeout(Duration::ZERO, io.read(&mut [0; 8])).await;
+        assert!(read.is_err(), "nothing to read, nothing closed");
+        ios.push((io, timeout, Instant::now()));
+        peers.push(peer);
+    }
+    tokio::task::yield_now().await;
+    wheel.flush().await;
+    assert_eq!(
+        wheel.stats().pending,
+        1,
+        "one sweeper timer for every timeout"
+    );
+    for (mut io, timeout, created) in ios {
+        readers.push(tokio::spawn(async move {
+            let error = io.read(&mut [0; 8]).await.unwrap_err();
+            (error.kind(), Instant::now() - created, timeout)
+        }));
+    }
+    for reader in readers {
+        let (kind, after, timeout) = reader.await.unwrap();
+        assert_eq!(kind, ErrorKind::TimedOut);
+        assert!(after >= timeout, "closed after {after:?} of {timeout:?}");
+        assert!(
+            after <= timeout + Duration::from_millis(2),
+            "closed after {after:?} of {timeout:?}"
+        );
+    }
+    drop(peers);
+}

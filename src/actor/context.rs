@@ -26,6 +26,10 @@ pub(crate) struct Filed {
 pub(crate) struct WheelContext {
     pub(crate) shared: Arc<Shared>,
     pub(crate) inbox: Arc<Inbox<Command>>,
+    /// What a layer above keeps once per wheel (the idle connections' group of
+    /// `hyper::IdleIo`), weakly: it holds the wheel, not the other way round.
+    #[cfg(feature = "hyper")]
+    pub(crate) layer: std::sync::Mutex<std::sync::Weak<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Drop for WheelContext {
@@ -49,7 +53,12 @@ impl fmt::Debug for WheelContext {
 
 impl WheelContext {
     pub(crate) fn new(shared: Arc<Shared>, inbox: Arc<Inbox<Command>>) -> WheelContext {
-        WheelContext { shared, inbox }
+        WheelContext {
+            shared,
+            inbox,
+            #[cfg(feature = "hyper")]
+            layer: std::sync::Mutex::new(std::sync::Weak::<()>::new()),
+        }
     }
 
     /// Sends a command to the main actor through inbox shard `shard`; `None` if the wheel
@@ -71,7 +80,7 @@ impl WheelContext {
         waker: Option<&Waker>,
         file: impl FnOnce(u32) -> Command,
     ) -> Option<Filed> {
-        let WheelContext { shared, inbox } = self;
+        let WheelContext { shared, inbox, .. } = self;
         if shared.is_closed() {
             return None;
         }

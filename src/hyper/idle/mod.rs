@@ -251,7 +251,7 @@ impl Watch {
             }
             let now = self.group.clock().now();
             // Read after the status (acquire): a guard's last touch is visible.
-            let deadline = self.group.deadline_after(idle.last_activity());
+            let deadline = idle.deadline();
             if deadline <= now {
                 break Closed::Idle;
             }
@@ -303,11 +303,12 @@ impl<T> IdleIo<T> {
     /// The countdown starts now: a connection that never sends a byte is closed `timeout`
     /// after this call (once it is read from).
     pub fn new(io: T, wheel: &Wheel, timeout: Duration) -> IdleIo<T> {
-        IdleIo::in_group(io, Group::of(wheel, timeout))
+        IdleIo::in_group(io, Group::of(wheel), timeout)
     }
 
-    /// [`new`](Self::new) with the group found: what a listener does for each connection.
-    pub(crate) fn in_group(io: T, group: Arc<Group>) -> IdleIo<T> {
+    /// [`new`](Self::new) with the wheel's group found: what a listener does for each
+    /// connection.
+    pub(crate) fn in_group(io: T, group: Arc<Group>, timeout: Duration) -> IdleIo<T> {
         let closed = if group.wheel().is_shutdown() {
             CLOSED | SHUT
         } else {
@@ -317,7 +318,7 @@ impl<T> IdleIo<T> {
         IdleIo {
             io,
             watch: Watch {
-                idle: Arc::new(Idle::new(group.clock().now(), closed)),
+                idle: Arc::new(Idle::new(group.clock().now(), closed, timeout)),
                 group,
                 moved: 0,
                 quiet: NOT_QUIET,
@@ -336,7 +337,7 @@ impl<T> IdleIo<T> {
 
     /// The idle timeout.
     pub fn timeout(&self) -> Duration {
-        self.watch.group.timeout()
+        self.watch.idle.timeout()
     }
 
     /// Whether the connection was closed (idle, or the wheel shut down): every read and write
@@ -480,7 +481,7 @@ impl IdleHandle {
 
     /// The idle timeout.
     pub fn timeout(&self) -> Duration {
-        self.group.timeout()
+        self.idle.timeout()
     }
 
     /// Whether the [`IdleIo`] closed its connection (idle, or the wheel shut down) — as
@@ -509,7 +510,7 @@ impl<T: fmt::Debug> fmt::Debug for IdleIo<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleIo")
             .field("io", &self.io)
-            .field("timeout", &self.watch.group.timeout())
+            .field("timeout", &self.watch.idle.timeout())
             .field("busy", &self.watch.idle.busy_count())
             .field("closed", &Closed::of(self.watch.idle.status()))
             .finish()
@@ -519,7 +520,7 @@ impl<T: fmt::Debug> fmt::Debug for IdleIo<T> {
 impl fmt::Debug for IdleHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdleHandle")
-            .field("timeout", &self.group.timeout())
+            .field("timeout", &self.idle.timeout())
             .field("busy", &self.busy_count())
             .finish()
     }

@@ -6,9 +6,12 @@ use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::task::Waker;
+use std::time::Duration;
 
 use futures::task::AtomicWaker;
 use once_cell::race::OnceBox;
+
+use crate::timer::clock::NEVER;
 
 /// Live [`Busy`](super::Busy) guards: the low bits of the status word.
 pub(super) const BUSY: u32 = (1 << 27) - 1;
@@ -25,12 +28,15 @@ pub(super) const PARKED: u32 = 1 << 30;
 pub(super) const FILED: u32 = 1 << 31;
 
 /// One per connection, behind an `Arc` the IO, its handles, its guards and (while filed) the
-/// sweeper share. Kept to 48 bytes (64 with the `Arc`'s counts): it is most of what an idle
+/// sweeper share. Kept to 56 bytes (72 with the `Arc`'s counts): it is most of what an idle
 /// connection costs.
 pub(super) struct Idle {
     /// The last traffic, as the wheel clock's offset (nanoseconds since its origin): only
     /// ever moves forward.
     activity: AtomicU64,
+    /// The idle timeout in nanoseconds ([`u64::MAX`]: longer than `u64` nanoseconds hold,
+    /// never).
+    timeout: u64,
     /// Live guards and the flags above.
     status: AtomicU32,
     /// The task waiting on a read.
@@ -64,13 +70,30 @@ pub(super) enum Look {
 }
 
 impl Idle {
-    pub(super) fn new(activity: u64, status: u32) -> Idle {
+    pub(super) fn new(activity: u64, status: u32, timeout: Duration) -> Idle {
         Idle {
             activity: AtomicU64::new(activity),
+            timeout: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             status: AtomicU32::new(status),
             read: AtomicWaker::new(),
             write: OnceBox::new(),
         }
+    }
+
+    pub(super) fn timeout(&self) -> Duration {
+        match self.timeout {
+            u64::MAX => Duration::MAX,
+            nanos => Duration::from_nanos(nanos),
+        }
+    }
+
+    pub(super) fn timeout_nanos(&self) -> u64 {
+        self.timeout
+    }
+
+    /// When the connection may close if no traffic comes after the last ([`NEVER`]: never).
+    pub(super) fn deadline(&self) -> u64 {
+        self.last_activity().saturating_add(self.timeout).min(NEVER)
     }
 
     /// Traffic at `now` (a clock offset).
@@ -134,14 +157,9 @@ impl Idle {
         }
     }
 
-    /// The sweeper's look at a block it holds (filed) at `now`: `deadline_after` maps the
-    /// last traffic to the moment the connection may close; `stopping` hands every block back.
-    pub(super) fn look(
-        &self,
-        now: u64,
-        stopping: bool,
-        deadline_after: impl Fn(u64) -> u64,
-    ) -> Look {
+    /// The sweeper's look at a block it holds (filed) at `now`; `stopping` hands every block
+    /// back.
+    pub(super) fn look(&self, now: u64, stopping: bool) -> Look {
         loop {
             let status = self.status();
             if status & DROPPED != 0 {
@@ -150,7 +168,7 @@ impl Idle {
             let busy = status & BUSY != 0;
             if !stopping && !busy {
                 // Read after the status (acquire): a guard's last touch is visible.
-                let deadline = deadline_after(self.last_activity());
+                let deadline = self.deadline();
                 if deadline > now {
                     return Look::Moved(deadline);
                 }
@@ -224,7 +242,7 @@ mod loom_model {
     #[test]
     fn loom_model_a_parked_io_is_woken_by_the_last_guard() {
         loom::model(|| {
-            let idle = Arc::new(Idle::new(0, 0));
+            let idle = Arc::new(Idle::new(0, 0, Duration::from_nanos(100)));
             idle.acquire();
             idle.acquire();
             let guards: Vec<_> = [10, 20]
@@ -254,13 +272,13 @@ mod loom_model {
     #[test]
     fn loom_model_a_connection_the_sweeper_sets_aside_is_woken_by_its_last_guard() {
         loom::model(|| {
-            let idle = Arc::new(Idle::new(0, FILED));
+            let idle = Arc::new(Idle::new(0, FILED, Duration::ZERO));
             idle.acquire();
             let guard = {
                 let idle = idle.clone();
                 thread::spawn(move || idle.release(10))
             };
-            let look = idle.look(10, false, |last| last);
+            let look = idle.look(10, false);
             let released_wake = guard.join().unwrap();
             match look {
                 Look::Unfiled { wake } => assert_ne!(wake, released_wake),
@@ -275,12 +293,12 @@ mod loom_model {
     #[test]
     fn loom_model_a_drop_racing_the_sweeper_is_counted_once() {
         loom::model(|| {
-            let idle = Arc::new(Idle::new(0, FILED));
+            let idle = Arc::new(Idle::new(0, FILED, Duration::from_nanos(100)));
             let dropper = {
                 let idle = idle.clone();
                 thread::spawn(move || idle.drop_io())
             };
-            let look = idle.look(200, false, |last| last + 100);
+            let look = idle.look(200, false);
             let counted = dropper.join().unwrap();
             assert_eq!(counted, look == Look::Dropped, "{look:?}");
         });

@@ -1,10 +1,12 @@
-//! The idle connections of one wheel and timeout, filed by deadline tick, and the one task
-//! that sweeps them: a connection costs a pointer in a bucket instead of a wheel timer.
+//! The idle connections of one wheel, filed by deadline tick, and the one task that sweeps
+//! them: a connection costs a pointer in a bucket instead of a wheel timer.
 //!
 //! A connection is filed when its IO first waits, under the tick its idle deadline rounds up
-//! to — or, when that is far off, under an earlier coarse tick (a sixteenth of the timeout
-//! apart), so a group's buckets stay few and full. The sweeper sleeps on one wheel timer
-//! until the first bucket's tick, then judges each connection in it by its own last traffic:
+//! to — or, when that is far off, under an earlier coarse tick (a sixteenth of its timeout
+//! apart), so the buckets stay few and full. Each bucket knows when it is due: the earliest
+//! exact deadline among its connections, or its coarse tick's start. The sweeper sleeps on
+//! one wheel timer until the first bucket is due (so the deadline is rounded once, as a
+//! `Sleep`'s is), then judges each connection in it by its own last traffic:
 //! traffic since → filed again under its new deadline (no wake-up, no message: a busy
 //! connection costs one look per timeout period); a request in progress → parked, the last
 //! guard's drop wakes the IO; idle past its deadline → unfiled and woken, and the IO decides.
@@ -17,10 +19,11 @@
 //! connection is dropped, the buckets are emptied at once and the sweeper ends, so nothing
 //! keeps the wheel's actor running for connections that are gone.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::future::{Either, select};
@@ -38,18 +41,10 @@ const TURN: usize = 1024;
 /// Below this many dropped connections in buckets, no compaction.
 const COMPACT_AT: usize = 1024;
 
-/// Every live group, to share one per wheel and timeout: looked at once per `IdleIo::new`.
-static GROUPS: Mutex<Vec<Weak<Group>>> = Mutex::new(Vec::new());
-
-/// The idle connections of one wheel with one timeout.
+/// The idle connections of one wheel, whatever their timeouts.
 pub(crate) struct Group {
     wheel: Wheel,
     clock: Clock,
-    timeout: Duration,
-    /// The timeout in nanoseconds, saturating at [`NEVER`].
-    timeout_nanos: u64,
-    /// Ticks between coarse buckets.
-    coarse: u64,
     filed: Mutex<Filed>,
     /// An earlier bucket was made than the one the sweeper sleeps until.
     earlier: Notify,
@@ -60,16 +55,24 @@ pub(crate) struct Group {
 }
 
 struct Filed {
-    /// Tick → the connections to look at once it comes ([`NEVER_TICK`]: only at a stop).
-    buckets: BTreeMap<u64, Vec<Arc<Idle>>>,
+    /// Tick → the connections to look at once it is due ([`NEVER_TICK`]: only at a stop).
+    /// Buckets in tick order are due in order too: a coarse bucket is due at its tick's
+    /// start, a fine one at its earliest deadline, which is after the previous tick's start.
+    buckets: BTreeMap<u64, Bucket>,
     /// Connections in `buckets`.
     len: usize,
     /// A sweeper task is running.
     sweeping: bool,
-    /// The tick the sweeper sleeps until.
+    /// When the sweeper wakes (a clock offset; [`NEVER`]: only at a stop).
     waiting_for: u64,
     /// The sweeper stopped for good (the wheel stopped): nothing can be filed.
     stopped: bool,
+}
+
+struct Bucket {
+    /// When to look (a clock offset): no connection in it is due before.
+    due: u64,
+    idle: Vec<Arc<Idle>>,
 }
 
 /// What [`Group::file`] did.
@@ -84,44 +87,40 @@ pub(super) enum Filing {
 /// What the sweeper does with one connection.
 enum Verdict {
     Discard,
-    Refile(u64),
-    Unfiled { wake: bool },
+    /// Into this bucket, due then.
+    Refile((u64, u64)),
+    Unfiled {
+        wake: bool,
+    },
 }
 
 impl Group {
-    /// The group of `wheel` and `timeout`, shared by every `IdleIo` made with both.
-    pub(crate) fn of(wheel: &Wheel, timeout: Duration) -> Arc<Group> {
-        let mut groups = GROUPS
+    /// The group of `wheel`'s idle connections, made on first use.
+    pub(crate) fn of(wheel: &Wheel) -> Arc<Group> {
+        let mut layer = wheel
+            .inner
+            .layer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        groups.retain(|group| group.strong_count() > 0);
-        let found = groups.iter().filter_map(Weak::upgrade).find(|group| {
-            Arc::ptr_eq(&group.wheel.inner, &wheel.inner) && group.timeout == timeout
-        });
-        if let Some(group) = found {
+        if let Some(group) = layer.upgrade().and_then(|any| any.downcast::<Group>().ok()) {
             return group;
         }
-        let clock = wheel.shared().clock;
-        let tick = u64::try_from(clock.tick().as_nanos()).unwrap_or(u64::MAX);
-        let timeout_nanos = u64::try_from(timeout.as_nanos()).map_or(NEVER, |t| t.min(NEVER));
         let group = Arc::new(Group {
             wheel: wheel.clone(),
-            clock,
-            timeout,
-            timeout_nanos,
-            coarse: (timeout_nanos / tick / COARSE_PER_TIMEOUT).max(1),
+            clock: wheel.shared().clock,
             filed: Mutex::new(Filed {
                 buckets: BTreeMap::new(),
                 len: 0,
                 sweeping: false,
-                waiting_for: NEVER_TICK,
+                waiting_for: NEVER,
                 stopped: false,
             }),
             earlier: Notify::new(),
             dropped: AtomicUsize::new(0),
             live: AtomicUsize::new(0),
         });
-        groups.push(Arc::downgrade(&group));
+        let any: Arc<dyn Any + Send + Sync> = group.clone();
+        *layer = Arc::downgrade(&any);
         group
     }
 
@@ -133,15 +132,6 @@ impl Group {
         self.clock
     }
 
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// When a connection whose last traffic was at `activity` may close ([`NEVER`]: never).
-    pub(super) fn deadline_after(&self, activity: u64) -> u64 {
-        activity.saturating_add(self.timeout_nanos).min(NEVER)
-    }
-
     fn lock(&self) -> MutexGuard<'_, Filed> {
         // Nothing in the critical sections panics midway; a poisoned lock is still sound.
         self.filed
@@ -149,15 +139,34 @@ impl Group {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The bucket for `deadline` seen at `now`: its tick, or a coarse tick before it (never
-    /// now's) if the deadline is more than a coarse step away.
-    fn bucket(&self, deadline: u64, now: u64) -> u64 {
+    /// The bucket for `deadline` of a connection with `timeout` (nanoseconds), seen at
+    /// `now`, and when it is due: its tick and the deadline itself, or, if the deadline is
+    /// more than a coarse step (a sixteenth of the timeout) away, a coarse tick before it
+    /// (never now's) and that tick's start.
+    fn bucket(&self, deadline: u64, timeout: u64, now: u64) -> (u64, u64) {
         let tick = self.clock.tick_of(deadline);
-        if tick != NEVER_TICK && tick > self.clock.tick_at(now) + self.coarse {
-            tick - tick % self.coarse
-        } else {
-            tick
+        if tick == NEVER_TICK {
+            return (NEVER_TICK, NEVER);
         }
+        let tick_nanos = u64::try_from(self.clock.tick().as_nanos()).unwrap_or(u64::MAX);
+        let coarse = (timeout / tick_nanos / COARSE_PER_TIMEOUT).max(1);
+        let start = tick - tick % coarse;
+        if start < tick && tick > self.clock.tick_at(now) + coarse {
+            (start, self.clock.tick_start(start))
+        } else {
+            (tick, deadline)
+        }
+    }
+
+    /// Puts `idle` in `bucket`, due at `due`.
+    fn insert(filed: &mut Filed, (bucket, due): (u64, u64), idle: Arc<Idle>) {
+        let bucket = filed.buckets.entry(bucket).or_insert_with(|| Bucket {
+            due,
+            idle: Vec::new(),
+        });
+        bucket.due = bucket.due.min(due);
+        bucket.idle.push(idle);
+        filed.len += 1;
     }
 
     /// Files `idle`, whose status the IO read as `status` (not filed), for `deadline`.
@@ -168,7 +177,7 @@ impl Group {
         deadline: u64,
         now: u64,
     ) -> Filing {
-        let bucket = self.bucket(deadline, now);
+        let (bucket, due) = self.bucket(deadline, idle.timeout_nanos(), now);
         let mut filed = self.lock();
         if filed.stopped {
             return Filing::Stopped;
@@ -176,14 +185,13 @@ impl Group {
         if !idle.mark_filed(status) {
             return Filing::Raced;
         }
-        filed.buckets.entry(bucket).or_default().push(idle.clone());
-        filed.len += 1;
+        Group::insert(&mut filed, (bucket, due), idle.clone());
         let spawn = !filed.sweeping;
-        let earlier = filed.sweeping && bucket < filed.waiting_for;
+        let earlier = filed.sweeping && due < filed.waiting_for;
         filed.sweeping = true;
         drop(filed);
         if spawn {
-            tracing::debug!(wheel = %self.wheel.name(), timeout = ?self.timeout, "idle sweeper starts");
+            tracing::debug!(wheel = %self.wheel.name(), "idle sweeper starts");
             self.wheel.shared().actors.spawn(sweep(self.clone()));
         } else if earlier {
             self.earlier.notify_one();
@@ -221,13 +229,13 @@ impl Group {
         let mut filed = self.lock();
         let mut removed = 0;
         filed.buckets.retain(|_, bucket| {
-            let before = bucket.len();
-            bucket.retain(|idle| idle.status() & DROPPED == 0);
-            removed += before - bucket.len();
-            if bucket.len() < bucket.capacity() / 4 {
-                bucket.shrink_to_fit();
+            let before = bucket.idle.len();
+            bucket.idle.retain(|idle| idle.status() & DROPPED == 0);
+            removed += before - bucket.idle.len();
+            if bucket.idle.len() < bucket.idle.capacity() / 4 {
+                bucket.idle.shrink_to_fit();
             }
-            !bucket.is_empty()
+            !bucket.idle.is_empty()
         });
         filed.len -= removed;
         drop(filed);
@@ -235,13 +243,15 @@ impl Group {
         tracing::trace!(removed, "idle connections compacted");
     }
 
-    /// The tick to sleep until, or `None` once nothing is filed (the sweeper ends).
-    fn next_tick(&self) -> Option<u64> {
+    /// When to wake next (a clock offset), or `None` once nothing is filed (the sweeper
+    /// ends).
+    fn next_due(&self) -> Option<u64> {
         let mut filed = self.lock();
-        match filed.buckets.keys().next() {
-            Some(&tick) => {
-                filed.waiting_for = tick;
-                Some(tick)
+        match filed.buckets.values().next() {
+            Some(bucket) => {
+                let due = bucket.due;
+                filed.waiting_for = due;
+                Some(due)
             }
             None => {
                 filed.sweeping = false;
@@ -253,23 +263,29 @@ impl Group {
     /// Takes the connections of every bucket due by `now`.
     fn take_due(&self, now: u64) -> Vec<Arc<Idle>> {
         let mut filed = self.lock();
-        let later = filed.buckets.split_off(&(self.clock.tick_at(now) + 1));
-        let due = std::mem::replace(&mut filed.buckets, later);
-        let due: Vec<Arc<Idle>> = due.into_values().flatten().collect();
+        let mut due = Vec::new();
+        while let Some(entry) = filed.buckets.first_entry() {
+            if entry.get().due > now {
+                break;
+            }
+            due.append(&mut entry.remove().idle);
+        }
         filed.len -= due.len();
-        filed.waiting_for = NEVER_TICK;
+        filed.waiting_for = NEVER;
         due
     }
 
     /// Judges `idle`, filed and in the sweeper's hands, at `now` (`stopping`: the wheel
     /// stopped, so every connection is handed back to its IO).
     fn judge(&self, idle: &Idle, now: u64, stopping: bool) -> Verdict {
-        match idle.look(now, stopping, |last| self.deadline_after(last)) {
+        match idle.look(now, stopping) {
             Look::Dropped => {
                 self.dropped.fetch_sub(1, Ordering::Relaxed);
                 Verdict::Discard
             }
-            Look::Moved(deadline) => Verdict::Refile(self.bucket(deadline, now)),
+            Look::Moved(deadline) => {
+                Verdict::Refile(self.bucket(deadline, idle.timeout_nanos(), now))
+            }
             Look::Unfiled { wake } => Verdict::Unfiled { wake },
         }
     }
@@ -293,9 +309,8 @@ impl Group {
             woken += wake.len();
             if !again.is_empty() {
                 let mut filed = self.lock();
-                filed.len += again.len();
                 for (bucket, idle) in again {
-                    filed.buckets.entry(bucket).or_default().push(idle);
+                    Group::insert(&mut filed, bucket, idle);
                 }
             }
             for idle in wake {
@@ -315,7 +330,7 @@ impl Group {
         filed.len = 0;
         let all = std::mem::take(&mut filed.buckets);
         drop(filed);
-        for idle in all.into_values().flatten() {
+        for idle in all.into_values().flat_map(|bucket| bucket.idle) {
             if let Verdict::Unfiled { wake: true } = self.judge(&idle, 0, true) {
                 idle.wake();
             }
@@ -346,9 +361,8 @@ async fn sweep(group: Arc<Group>) {
         finished: false,
     };
     let mut sleep = pin!(group.wheel.sleep(Duration::MAX));
-    while let Some(tick) = group.next_tick() {
-        let at = group.clock.instant(group.clock.tick_start(tick));
-        sleep.as_mut().reset(at);
+    while let Some(due) = group.next_due() {
+        sleep.as_mut().reset(group.clock.instant(due));
         let earlier = pin!(group.earlier.notified());
         if let Either::Right(_) = select(sleep.as_mut(), earlier).await {
             continue;
