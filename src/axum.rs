@@ -51,9 +51,9 @@
 //!
 //! # Cost
 //!
-//! An idle connection costs what its [`IdleIo`] adds: measured, 72–75 heap bytes (a boxed
-//! tokio `Sleep` per connection adds 112; BENCHMARKS.md), and no wheel timer of its own (the
-//! listener's connections share one sweeper). Each read or write that moves bytes is a clock
+//! An idle connection costs what its [`IdleIo`] adds: measured, 80–83 heap bytes (a boxed
+//! tokio `Sleep` per connection adds 112; BENCHMARKS.md), and no wheel timer of its own (a
+//! wheel's idle connections share one sweeper). Each read or write that moves bytes is a clock
 //! read and one atomic; a read that would wait is one waker registration and one load. A
 //! request costs one busy guard (an `Arc` clone, an atomic increment, and at release a clock
 //! read and two or three atomics), no message to the wheel's actor, the `ConnectInfo`

@@ -92,21 +92,21 @@ pin_project! {
     /// Each read or write that moves bytes reads the clock and does one atomic `fetch_max`;
     /// a read or write that would wait registers its waker and looks at one word.
     ///
-    /// No wheel timer per connection: the connections of one wheel and one timeout form a
-    /// group, filed by the tick their idle deadline rounds up to (or, while that is far off,
-    /// under a coarser tick before it), and one task per group sleeps on one wheel timer until
-    /// the first filed tick. There it looks at each connection's own last traffic: traffic
+    /// No wheel timer per connection: the idle connections of a wheel (whatever their
+    /// timeouts) are filed by the tick their idle deadline rounds up to (or, while that is far
+    /// off, under a coarser tick before it), and one task per wheel sleeps on one wheel timer
+    /// until the first filed deadline. There it looks at each connection's own last traffic: traffic
     /// since → filed again for its new deadline, with no wake-up (a busy connection costs one
     /// look per timeout period, never anything per request); a request in progress → set
     /// aside until the last guard drops; idle → its IO is woken, reads the clock itself and
     /// closes. So a connection is filed when its IO first waits, and a dropped one is
     /// forgotten at once (its entry is swept out in bulk, amortised).
     ///
-    /// Memory: 64 bytes shared by the IO and its handles, 24 in the `IdleIo` itself and a
-    /// pointer in its group — measured, an idle connection costs 72–75 heap bytes more than
-    /// one without an idle timeout, against 112 for a boxed tokio `Sleep` per connection
+    /// Memory: 72 bytes shared by the IO and its handles, 24 in the `IdleIo` itself and a
+    /// pointer in a bucket — measured, an idle connection costs 80–83 heap bytes more than one
+    /// without an idle timeout, against 112 for a boxed tokio `Sleep` per connection
     /// (BENCHMARKS.md). Closing 10^5 connections due in the same second costs 0.6× tokio's
-    /// CPU, and they close 4× more punctually.
+    /// CPU, and they close 5× more punctually.
     pub struct IdleIo<T> {
         #[pin]
         io: T,
