@@ -10,25 +10,9 @@ use tokio::time::Instant;
 use tokio_wheel::Wheel;
 use tokio_wheel::hyper::IdleIo;
 
-const SLACK: Duration = Duration::from_millis(2);
-
-fn ms(m: u64) -> Duration {
-    Duration::from_millis(m)
-}
-fn us(u: u64) -> Duration {
-    Duration::from_micros(u)
-}
-
-async fn read_err<T: tokio::io::AsyncRead + Unpin>(io: &mut T) -> (ErrorKind, Instant) {
-    let mut buf = [0u8; 64];
-    loop {
-        match io.read(&mut buf).await {
-            Ok(0) => panic!("EOF instead of TimedOut"),
-            Ok(_) => {}
-            Err(e) => return (e.kind(), Instant::now()),
-        }
-    }
-}
+#[path = "support/attack.rs"]
+mod attack;
+use attack::*;
 
 /// A guard dropped at any sub-tick phase: closes in [drop + d, drop + d + 2ms].
 #[tokio::test(start_paused = true)]

@@ -9,18 +9,9 @@ use tokio::time::Instant;
 use tokio_wheel::Wheel;
 use tokio_wheel::hyper::IdleIo;
 
-const SLACK: Duration = Duration::from_millis(2);
-
-async fn read_err<T: tokio::io::AsyncRead + Unpin>(io: &mut T) -> (ErrorKind, Instant) {
-    let mut buf = [0u8; 64];
-    loop {
-        match io.read(&mut buf).await {
-            Ok(0) => panic!("EOF instead of TimedOut"),
-            Ok(_) => {}
-            Err(e) => return (e.kind(), Instant::now()),
-        }
-    }
-}
+#[path = "support/attack.rs"]
+mod attack;
+use attack::*;
 
 /// Timeouts that are not whole ticks: never closed before the exact timeout.
 #[tokio::test(start_paused = true)]

@@ -8,22 +8,9 @@ use tokio::time::Instant;
 use tokio_wheel::Wheel;
 use tokio_wheel::hyper::IdleIo;
 
-const SLACK: Duration = Duration::from_millis(2);
-
-fn ms(m: u64) -> Duration {
-    Duration::from_millis(m)
-}
-
-async fn read_err<T: tokio::io::AsyncRead + Unpin>(io: &mut T) -> (ErrorKind, Instant) {
-    let mut buf = [0u8; 64];
-    loop {
-        match io.read(&mut buf).await {
-            Ok(0) => panic!("EOF instead of TimedOut"),
-            Ok(_) => {}
-            Err(e) => return (e.kind(), Instant::now()),
-        }
-    }
-}
+#[path = "support/attack.rs"]
+mod attack;
+use attack::*;
 
 /// Thousands idle on several timeouts, then shutdown: all close at once with TimedOut.
 #[tokio::test(start_paused = true)]

@@ -12,14 +12,9 @@ use tokio::time::Instant;
 use tokio_wheel::Wheel;
 use tokio_wheel::hyper::IdleIo;
 
-const SLACK: Duration = Duration::from_millis(2);
-
-fn ms(m: u64) -> Duration {
-    Duration::from_millis(m)
-}
-fn us(u: u64) -> Duration {
-    Duration::from_micros(u)
-}
+#[path = "support/attack.rs"]
+mod attack;
+use attack::*;
 
 /// Shared record of the last time a byte moved (as seen by the test).
 #[derive(Clone)]

@@ -1,4 +1,5 @@
-//! Helpers of the outside attack tests on §5 (`attack_servers.rs`, `attack_tower.rs`).
+//! Helpers of the outside attack tests on §5 and §5a (`attack_servers.rs`, `attack_tower.rs`,
+//! `attack_idle_*.rs`).
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -16,6 +17,11 @@ pub fn secs(s: u64) -> Duration {
 pub fn ms(m: u64) -> Duration {
     Duration::from_millis(m)
 }
+pub fn us(u: u64) -> Duration {
+    Duration::from_micros(u)
+}
+/// How late an idle close may be under paused time: one tick and tokio's millisecond grid.
+pub const SLACK: Duration = Duration::from_millis(2);
 pub const D: Duration = Duration::from_secs(10);
 pub const TICK: Duration = Duration::from_millis(1);
 
@@ -39,4 +45,10 @@ pub async fn read_until_error(io: &mut (impl AsyncRead + Unpin)) -> (io::Error, 
             Err(e) => return (e, Instant::now()),
         }
     }
+}
+
+/// [`read_until_error`], as the error's kind.
+pub async fn read_err(io: &mut (impl AsyncRead + Unpin)) -> (io::ErrorKind, Instant) {
+    let (error, at) = read_until_error(io).await;
+    (error.kind(), at)
 }
