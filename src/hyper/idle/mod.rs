@@ -14,7 +14,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use self::state::{CLOSED, FILED, Idle, Parking, SHUT};
+use self::state::{CLOSED, FILED, Idle, Parking, QUIET, SHUT};
 use self::sweep::Filing;
 pub(crate) use self::sweep::Group;
 use crate::Wheel;
@@ -206,19 +206,10 @@ impl Closed {
     }
 }
 
-/// No `quiet` mark.
-const NOT_QUIET: u32 = u32::MAX;
-
 /// The non-IO half of an `IdleIo`: its block, its group, and the decision to close.
 struct Watch {
     idle: Arc<Idle>,
     group: Arc<Group>,
-    /// Reads and writes that moved bytes (wrapping, never [`NOT_QUIET`]): what "a poll that
-    /// moved nothing" is judged by.
-    moved: u32,
-    /// Set when the connection was found closable: the count of moves then. It closes on a
-    /// later poll only if nothing moved in between.
-    quiet: u32,
 }
 
 impl Watch {
@@ -239,10 +230,7 @@ impl Watch {
                 return Poll::Pending;
             }
             match idle.park_if_busy(status) {
-                Parking::Parked => {
-                    self.quiet = NOT_QUIET;
-                    return Poll::Pending;
-                }
+                Parking::Parked => return Poll::Pending,
                 Parking::Raced => continue,
                 Parking::Free => {}
             }
@@ -255,7 +243,6 @@ impl Watch {
             if deadline <= now {
                 break Closed::Idle;
             }
-            self.quiet = NOT_QUIET;
             match self.group.file(idle, status, deadline, now) {
                 Filing::Filed => return Poll::Pending,
                 Filing::Raced => continue,
@@ -266,8 +253,7 @@ impl Watch {
         // holds to send goes out first (an HTTP/2 connection buffers the last frames of a
         // response its body has finished; hyper reads ahead before it calls the service, so
         // a zero timeout would otherwise close before the first request is served).
-        if self.quiet != self.moved {
-            self.quiet = self.moved;
+        if idle.set(QUIET) & QUIET == 0 {
             idle.wake();
             return Poll::Pending;
         }
@@ -276,8 +262,7 @@ impl Watch {
 
     /// A read or write moved bytes: traffic.
     fn moved(&mut self) {
-        self.moved = self.moved.wrapping_add(1) % NOT_QUIET;
-        self.idle.touch(self.group.clock().now());
+        self.idle.moved(self.group.clock().now());
     }
 
     fn close(&mut self, why: Closed) -> io::Error {
@@ -320,8 +305,6 @@ impl<T> IdleIo<T> {
             watch: Watch {
                 idle: Arc::new(Idle::new(group.clock().now(), closed, timeout)),
                 group,
-                moved: 0,
-                quiet: NOT_QUIET,
             },
         }
     }
@@ -465,7 +448,7 @@ impl IdleHandle {
     ///
     /// # Panics
     ///
-    /// With 2^27 − 1 guards of one connection alive already.
+    /// With 2^26 − 1 guards of one connection alive already.
     pub fn busy(&self) -> Busy {
         self.idle.acquire();
         Busy {

@@ -14,7 +14,10 @@ use once_cell::race::OnceBox;
 use crate::timer::clock::NEVER;
 
 /// Live [`Busy`](super::Busy) guards: the low bits of the status word.
-pub(super) const BUSY: u32 = (1 << 27) - 1;
+pub(super) const BUSY: u32 = (1 << 26) - 1;
+/// The IO found the connection closable and looks once more before closing: a read or write
+/// that moves bytes meanwhile takes it back.
+pub(super) const QUIET: u32 = 1 << 26;
 /// The IdleIo is gone: the sweeper drops the block when it meets it.
 pub(super) const DROPPED: u32 = 1 << 27;
 /// Closed because the wheel stopped (with [`CLOSED`]).
@@ -124,13 +127,13 @@ impl Idle {
         self.status.fetch_or(flags, Ordering::AcqRel)
     }
 
-    /// One more guard. Panics past 2^27 − 1 live guards on one connection (no HTTP stack
+    /// One more guard. Panics past 2^26 − 1 live guards on one connection (no HTTP stack
     /// allows that many requests on a connection at once).
     pub(super) fn acquire(&self) {
         let before = self.status.fetch_add(1, Ordering::AcqRel);
         if before & BUSY == BUSY {
             self.status.fetch_sub(1, Ordering::AcqRel);
-            panic!("tokio-wheel: over 2^27 Busy guards alive on one connection");
+            panic!("tokio-wheel: over 2^26 Busy guards alive on one connection");
         }
     }
 
@@ -150,7 +153,7 @@ impl Idle {
     pub(super) fn park_if_busy(&self, status: u32) -> Parking {
         if status & BUSY == 0 {
             Parking::Free
-        } else if status & PARKED != 0 || self.swap_status(status, status | PARKED) {
+        } else if status & PARKED != 0 || self.swap_status(status, (status | PARKED) & !QUIET) {
             Parking::Parked
         } else {
             Parking::Raced
@@ -188,7 +191,15 @@ impl Idle {
     /// The IO files the block it found unfiled with `status`; false if the word moved
     /// meanwhile (a guard came or went: look again).
     pub(super) fn mark_filed(&self, status: u32) -> bool {
-        self.swap_status(status, (status | FILED) & !PARKED)
+        self.swap_status(status, (status | FILED) & !(PARKED | QUIET))
+    }
+
+    /// The IO moved bytes: whatever it found closable before is not any more.
+    pub(super) fn moved(&self, now: u64) {
+        self.touch(now);
+        if self.status.load(Ordering::Relaxed) & QUIET != 0 {
+            self.status.fetch_and(!QUIET, Ordering::Relaxed);
+        }
     }
 
     /// The IO is dropped: true if the block was filed (so a group holds it, to be swept out).
