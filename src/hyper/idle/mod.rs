@@ -102,11 +102,11 @@ pin_project! {
     /// closes. So a connection is filed when its IO first waits, and a dropped one is
     /// forgotten at once (its entry is swept out in bulk, amortised).
     ///
-    /// Memory: 72 bytes shared by the IO and its handles, 24 in the `IdleIo` itself and a
+    /// Memory: 72 bytes shared by the IO and its handles, 16 in the `IdleIo` itself and a
     /// pointer in a bucket — measured, an idle connection costs 80–83 heap bytes more than one
     /// without an idle timeout, against 112 for a boxed tokio `Sleep` per connection
-    /// (BENCHMARKS.md). Closing 10^5 connections due in the same second costs 0.6× tokio's
-    /// CPU, and they close 5× more punctually.
+    /// (BENCHMARKS.md). Closing 10^5 connections due in the same second costs 0.6–0.8×
+    /// tokio's CPU, and they close 2–5× more punctually.
     pub struct IdleIo<T> {
         #[pin]
         io: T,
