@@ -22,7 +22,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -48,8 +48,9 @@ pub(crate) struct Group {
     filed: Mutex<Filed>,
     /// An earlier bucket was made than the one the sweeper sleeps until.
     earlier: Notify,
-    /// Dropped connections still in a bucket or the sweeper's hands.
-    dropped: AtomicUsize,
+    /// Dropped connections still in a bucket or the sweeper's hands. Signed: the sweeper may
+    /// take one out before its drop has counted it.
+    dropped: AtomicIsize,
     /// Connections (`IdleIo`s) alive.
     live: AtomicUsize,
 }
@@ -116,7 +117,7 @@ impl Group {
                 stopped: false,
             }),
             earlier: Notify::new(),
-            dropped: AtomicUsize::new(0),
+            dropped: AtomicIsize::new(0),
             live: AtomicUsize::new(0),
         });
         let any: Arc<dyn Any + Send + Sync> = group.clone();
@@ -212,9 +213,10 @@ impl Group {
         } else {
             self.dropped.load(Ordering::Relaxed)
         };
+        let dropped = usize::try_from(dropped).unwrap_or(0);
         // AcqRel: the last one out sees every other connection's mark.
         let last = self.live.fetch_sub(1, Ordering::AcqRel) == 1;
-        if dropped > 0 && (last || (dropped >= COMPACT_AT && dropped * 2 > self.lock().len)) {
+        if dropped > 0 && (last || (dropped >= COMPACT_AT && dropped > self.lock().len / 2)) {
             self.compact();
             if last {
                 // The sweeper looks again, finds nothing (unless a connection came
@@ -239,7 +241,7 @@ impl Group {
         });
         filed.len -= removed;
         drop(filed);
-        self.dropped.fetch_sub(removed, Ordering::Relaxed);
+        self.dropped.fetch_sub(removed as isize, Ordering::Relaxed);
         tracing::trace!(removed, "idle connections compacted");
     }
 
