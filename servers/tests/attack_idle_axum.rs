@@ -236,7 +236,7 @@ async fn h1_streamed_body_pausing_not_cut() {
         body_string(resp).await.expect("stream cut"),
         "chunk0;chunk1;chunk2;"
     );
-    let _ = conn;
+    drop(conn);
 }
 
 /// A request body uploaded with a pause of 4·d mid-way is never cut (the request is in
@@ -336,7 +336,7 @@ async fn h2c_long_requests_not_cut() {
     let done = Instant::now();
     drop(tx);
     let _ = done;
-    let _ = conn;
+    drop(conn);
 }
 
 /// h2c: a fast stream finishes, a slow stream stays open: the connection must not close when

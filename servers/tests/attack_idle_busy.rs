@@ -384,7 +384,7 @@ async fn overlapping_guards_from_threads_keep_open() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let g = idle.busy();
-                if n % 1000 == 0 {
+                if n.is_multiple_of(1000) {
                     std::thread::yield_now();
                 }
                 drop(g);

@@ -183,10 +183,11 @@ fn idleio_made_and_dropped_outside_runtime() {
         for _ in 0..1000 {
             let (a, p) = tokio::io::duplex(64);
             let mut io = IdleIo::new(a, &w3, d);
-            let mut buf = [0u8; 4];
-            let mut fut = std::pin::pin!(io.read(&mut buf));
-            let _ = futures::poll!(fut.as_mut());
-            drop(fut);
+            {
+                let mut buf = [0u8; 4];
+                let mut fut = std::pin::pin!(io.read(&mut buf));
+                let _ = futures::poll!(fut.as_mut());
+            }
             v.push((io, p));
         }
         v

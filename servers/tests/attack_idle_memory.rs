@@ -31,10 +31,10 @@ unsafe impl GlobalAlloc for Counting {
 static A: Counting = Counting;
 
 /// The allocation counter is process-wide: the tests of this file run one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }
 
 fn live() -> isize {
@@ -71,12 +71,12 @@ fn n() -> usize {
 }
 
 async fn run_once(wheel: &Wheel, timeouts: &[Duration], poll: bool) -> (isize, isize) {
-    let N = n();
+    let count = n();
     let t0 = std::time::Instant::now();
     let base = live();
-    let mut ios = Vec::with_capacity(N);
-    let mut peers = Vec::with_capacity(N);
-    for i in 0..N {
+    let mut ios = Vec::with_capacity(count);
+    let mut peers = Vec::with_capacity(count);
+    for i in 0..count {
         let (a, p) = tokio::io::duplex(64);
         let mut io = IdleIo::new(a, wheel, timeouts[i % timeouts.len()]);
         if poll {
@@ -89,7 +89,7 @@ async fn run_once(wheel: &Wheel, timeouts: &[Duration], poll: bool) -> (isize, i
         }
     }
     settle().await;
-    eprintln!("  created {N} in {:?}", t0.elapsed());
+    eprintln!("  created {count} in {:?}", t0.elapsed());
     let peak = live() - base;
     let t1 = std::time::Instant::now();
     drop(ios);
@@ -103,7 +103,7 @@ async fn run_once(wheel: &Wheel, timeouts: &[Duration], poll: bool) -> (isize, i
 /// baseline without waiting an hour.
 #[tokio::test]
 async fn dropped_polled_idle_connections_give_memory_back() {
-    let _serial = serial();
+    let _serial = serial().await;
     let wheel = Wheel::new();
     // warm up the wheel (its first allocations are not the connections')
     let _ = run_once(&wheel, &[Duration::from_secs(3600)], true).await;
@@ -119,7 +119,7 @@ async fn dropped_polled_idle_connections_give_memory_back() {
 /// Same, never polled.
 #[tokio::test]
 async fn dropped_unpolled_idle_connections_give_memory_back() {
-    let _serial = serial();
+    let _serial = serial().await;
     let wheel = Wheel::new();
     let _ = run_once(&wheel, &[Duration::from_secs(3600)], false).await;
     let (peak, after) = run_once(&wheel, &[Duration::from_secs(3600)], false).await;
@@ -134,7 +134,7 @@ async fn dropped_unpolled_idle_connections_give_memory_back() {
 /// Many distinct timeouts (many groups): all given back.
 #[tokio::test]
 async fn dropped_many_timeouts_give_memory_back() {
-    let _serial = serial();
+    let _serial = serial().await;
     let wheel = Wheel::new();
     let timeouts: Vec<Duration> = (0..1000u64)
         .map(|i| Duration::from_secs(3600) + Duration::from_millis(i))
@@ -153,7 +153,7 @@ async fn dropped_many_timeouts_give_memory_back() {
 /// with the number of distinct timeouts ever used.
 #[tokio::test]
 async fn distinct_timeouts_churn_does_not_grow() {
-    let _serial = serial();
+    let _serial = serial().await;
     let wheel = Wheel::new();
     let mut k = 0u64;
     let mut round = |wheel: Wheel| {
@@ -193,7 +193,7 @@ async fn distinct_timeouts_churn_does_not_grow() {
 /// Several wheels: dropping the connections and the wheels gives everything back.
 #[tokio::test]
 async fn wheels_and_connections_dropped() {
-    let _serial = serial();
+    let _serial = serial().await;
     // warm-up
     {
         let w = Wheel::new();

@@ -14,11 +14,10 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use self::state::{CLOSED, FILED, Idle, Parking, QUIET, SHUT};
+use self::state::{CLOSED, FILED, Idle, IdleClock, Parking, QUIET, SHUT};
 use self::sweep::Filing;
 pub(crate) use self::sweep::Group;
 use crate::Wheel;
-use crate::timer::clock::Clock;
 
 pin_project! {
     /// An IO (a `TcpStream`, a TLS stream, anything `AsyncRead + AsyncWrite`) that ends itself
@@ -178,7 +177,7 @@ pub struct IdleHandle {
 pub struct Busy {
     idle: Arc<Idle>,
     /// A copy, not the group's `Arc`: a request touches no count every connection shares.
-    clock: Clock,
+    clock: IdleClock,
 }
 
 /// Why an `IdleIo` closed.

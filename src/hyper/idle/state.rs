@@ -10,8 +10,65 @@ use std::time::Duration;
 
 use futures::task::AtomicWaker;
 use once_cell::race::OnceBox;
+use tokio::time::Instant;
 
-use crate::timer::clock::NEVER;
+/// The offset that means "never".
+pub(super) const NEVER: u64 = u64::MAX;
+
+/// Time as a wheel's idle connections count it: nanoseconds since their group was made, and
+/// the wheel's tick — from the public clock (tokio's `Instant`, paused or not) and
+/// [`Wheel::tick`](crate::Wheel::tick), nothing of the wheel's insides.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IdleClock {
+    origin: Instant,
+    tick: u64,
+}
+
+impl IdleClock {
+    pub(super) fn new(tick: Duration) -> IdleClock {
+        IdleClock {
+            origin: Instant::now(),
+            tick: u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1),
+        }
+    }
+
+    /// The offset of now; always short of [`NEVER`].
+    pub(super) fn now(&self) -> u64 {
+        let since = Instant::now().saturating_duration_since(self.origin);
+        u64::try_from(since.as_nanos()).map_or(NEVER - 1, |nanos| nanos.min(NEVER - 1))
+    }
+
+    pub(super) fn tick_nanos(&self) -> u64 {
+        self.tick
+    }
+
+    /// The tick an offset rounds up to ([`NEVER`] for never).
+    pub(super) fn tick_of(&self, offset: u64) -> u64 {
+        if offset == NEVER {
+            NEVER
+        } else {
+            offset.div_ceil(self.tick)
+        }
+    }
+
+    /// The last tick that has begun at `offset`.
+    pub(super) fn tick_at(&self, offset: u64) -> u64 {
+        offset / self.tick
+    }
+
+    /// Where tick `tick` begins.
+    pub(super) fn tick_start(&self, tick: u64) -> u64 {
+        tick.saturating_mul(self.tick)
+    }
+
+    /// The instant at `offset`; `None` for never (or past what an `Instant` holds).
+    pub(super) fn instant(&self, offset: u64) -> Option<Instant> {
+        if offset == NEVER {
+            return None;
+        }
+        self.origin.checked_add(Duration::from_nanos(offset))
+    }
+}
 
 /// Live [`Busy`](super::Busy) guards: the low bits of the status word.
 pub(super) const BUSY: u32 = (1 << 26) - 1;
@@ -34,8 +91,7 @@ pub(super) const FILED: u32 = 1 << 31;
 /// sweeper share. Kept to 56 bytes (72 with the `Arc`'s counts): it is most of what an idle
 /// connection costs.
 pub(super) struct Idle {
-    /// The last traffic, as the wheel clock's offset (nanoseconds since its origin): only
-    /// ever moves forward.
+    /// The last traffic, as an [`IdleClock`] offset: only ever moves forward.
     activity: AtomicU64,
     /// The idle timeout in nanoseconds ([`u64::MAX`]: longer than `u64` nanoseconds hold,
     /// never).
@@ -96,7 +152,7 @@ impl Idle {
 
     /// When the connection may close if no traffic comes after the last ([`NEVER`]: never).
     pub(super) fn deadline(&self) -> u64 {
-        self.last_activity().saturating_add(self.timeout).min(NEVER)
+        self.last_activity().saturating_add(self.timeout)
     }
 
     /// Traffic at `now` (a clock offset).

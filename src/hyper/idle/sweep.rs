@@ -29,9 +29,8 @@ use std::time::Duration;
 use futures::future::{Either, select};
 use tokio::sync::Notify;
 
-use super::state::{DROPPED, Idle, Look};
+use super::state::{DROPPED, Idle, IdleClock, Look, NEVER};
 use crate::Wheel;
-use crate::timer::clock::{Clock, NEVER, NEVER_TICK};
 
 /// How many coarse buckets a timeout spans: connections far from their deadline share
 /// buckets this wide, and are looked at once more when it comes.
@@ -44,7 +43,7 @@ const COMPACT_AT: usize = 1024;
 /// The idle connections of one wheel, whatever their timeouts.
 pub(crate) struct Group {
     wheel: Wheel,
-    clock: Clock,
+    clock: IdleClock,
     filed: Mutex<Filed>,
     /// An earlier bucket was made than the one the sweeper sleeps until.
     earlier: Notify,
@@ -56,7 +55,7 @@ pub(crate) struct Group {
 }
 
 struct Filed {
-    /// Tick → the connections to look at once it is due ([`NEVER_TICK`]: only at a stop).
+    /// Tick → the connections to look at once it is due ([`NEVER`]: only at a stop).
     /// Buckets in tick order are due in order too: a coarse bucket is due at its tick's
     /// start, a fine one at its earliest deadline, which is after the previous tick's start.
     buckets: BTreeMap<u64, Bucket>,
@@ -108,7 +107,7 @@ impl Group {
         }
         let group = Arc::new(Group {
             wheel: wheel.clone(),
-            clock: wheel.shared().clock,
+            clock: IdleClock::new(wheel.tick()),
             filed: Mutex::new(Filed {
                 buckets: BTreeMap::new(),
                 len: 0,
@@ -129,7 +128,7 @@ impl Group {
         &self.wheel
     }
 
-    pub(super) fn clock(&self) -> Clock {
+    pub(super) fn clock(&self) -> IdleClock {
         self.clock
     }
 
@@ -146,11 +145,10 @@ impl Group {
     /// (never now's) and that tick's start.
     fn bucket(&self, deadline: u64, timeout: u64, now: u64) -> (u64, u64) {
         let tick = self.clock.tick_of(deadline);
-        if tick == NEVER_TICK {
-            return (NEVER_TICK, NEVER);
+        if tick == NEVER {
+            return (NEVER, NEVER);
         }
-        let tick_nanos = u64::try_from(self.clock.tick().as_nanos()).unwrap_or(u64::MAX);
-        let coarse = (timeout / tick_nanos / COARSE_PER_TIMEOUT).max(1);
+        let coarse = (timeout / self.clock.tick_nanos() / COARSE_PER_TIMEOUT).max(1);
         let start = tick - tick % coarse;
         if start < tick && tick > self.clock.tick_at(now) + coarse {
             (start, self.clock.tick_start(start))
@@ -193,7 +191,7 @@ impl Group {
         drop(filed);
         if spawn {
             tracing::debug!(wheel = %self.wheel.name(), "idle sweeper starts");
-            self.wheel.shared().actors.spawn(sweep(self.clone()));
+            self.wheel.runtime().spawn(sweep(self.clone()));
         } else if earlier {
             self.earlier.notify_one();
         }
@@ -363,8 +361,12 @@ async fn sweep(group: Arc<Group>) {
         finished: false,
     };
     let mut sleep = pin!(group.wheel.sleep(Duration::MAX));
+    // Beyond the wheel's range: a sleep until then ends only when the wheel stops.
+    let never = sleep.deadline();
     while let Some(due) = group.next_due() {
-        sleep.as_mut().reset(group.clock.instant(due));
+        sleep
+            .as_mut()
+            .reset(group.clock.instant(due).unwrap_or(never));
         let earlier = pin!(group.earlier.notified());
         if let Either::Right(_) = select(sleep.as_mut(), earlier).await {
             continue;
