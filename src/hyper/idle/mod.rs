@@ -94,8 +94,8 @@ pin_project! {
     /// No wheel timer per connection: the idle connections of a wheel (whatever their
     /// timeouts) are filed by the tick their idle deadline rounds up to (or, while that is far
     /// off, under a coarser tick before it), and one task per wheel sleeps on one wheel timer
-    /// until the first filed deadline. There it looks at each connection's own last traffic: traffic
-    /// since → filed again for its new deadline, with no wake-up (a busy connection costs one
+    /// until the first filed deadline. There it looks at each connection's own last
+    /// traffic: traffic since → filed again for its new deadline, with no wake-up (a busy connection costs one
     /// look per timeout period, never anything per request); a request in progress → set
     /// aside until the last guard drops; idle → its IO is woken, reads the clock itself and
     /// closes. So a connection is filed when its IO first waits, and a dropped one is
@@ -141,7 +141,10 @@ pin_project! {
 #[derive(Clone)]
 pub struct IdleHandle {
     idle: Arc<Idle>,
-    group: Arc<Group>,
+    /// A copy, not the wheel's group: a service cloned per request (as hyper-util's
+    /// `TowerToHyperService` does under `axum::serve`) touches no count every connection
+    /// shares.
+    clock: IdleClock,
 }
 
 /// A request in progress on an [`IdleIo`]'s connection: while any `Busy` lives, the
@@ -176,7 +179,6 @@ pub struct IdleHandle {
 #[must_use = "the connection counts as busy only while the guard lives"]
 pub struct Busy {
     idle: Arc<Idle>,
-    /// A copy, not the group's `Arc`: a request touches no count every connection shares.
     clock: IdleClock,
 }
 
@@ -313,7 +315,7 @@ impl<T> IdleIo<T> {
     pub fn handle(&self) -> IdleHandle {
         IdleHandle {
             idle: self.watch.idle.clone(),
-            group: self.watch.group.clone(),
+            clock: self.watch.group.clock(),
         }
     }
 
@@ -452,13 +454,13 @@ impl IdleHandle {
         self.idle.acquire();
         Busy {
             idle: self.idle.clone(),
-            clock: self.group.clock(),
+            clock: self.clock,
         }
     }
 
     /// Counts as traffic now: the countdown restarts (a clock read and one atomic).
     pub fn touch(&self) {
-        self.idle.touch(self.group.clock().now());
+        self.idle.touch(self.clock.now());
     }
 
     /// The idle timeout.
