@@ -404,7 +404,7 @@ async fn connect(addr: SocketAddr, index: usize) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-/// Sends one request and reads its whole response.
+/// Sends one HTTP/1.1 request and reads its whole response.
 async fn request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
     stream.write_all(REQUEST).await?;
     buf.clear();
@@ -428,112 +428,92 @@ async fn request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
     }
 }
 
-/// One HTTP/2 client connection: its request sender, and its connection task, which ends
-/// when the server closes the connection.
-async fn connect_h2(
-    addr: SocketAddr,
-    index: usize,
-) -> io::Result<(
-    hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
-    tokio::task::JoinHandle<()>,
-)> {
-    let stream = connect(addr, index).await?;
-    let (sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .map_err(io::Error::other)?;
-    let task = tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok((sender, task))
+/// One client connection: HTTP/1.1 (the stream and a read buffer) or HTTP/2 (hyper's request
+/// sender and the connection's task, which ends when the server closes the connection).
+enum Client {
+    Http1(TcpStream, Vec<u8>),
+    Http2(
+        hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
+        tokio::task::JoinHandle<()>,
+    ),
 }
 
-/// Sends one HTTP/2 request and reads its whole response.
-async fn request_h2(
-    sender: &mut hyper::client::conn::http2::SendRequest<Empty<Bytes>>,
-) -> io::Result<()> {
-    let request = Request::get("http://bench/")
-        .body(Empty::new())
-        .map_err(io::Error::other)?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(io::Error::other)?;
-    response
-        .into_body()
-        .collect()
-        .await
-        .map_err(io::Error::other)?;
-    Ok(())
-}
-
-/// [`idle_connection`] over HTTP/2.
-async fn idle_connection_h2(
-    addr: SocketAddr,
-    index: usize,
-    connecting: Arc<Semaphore>,
-    connected: mpsc::UnboundedSender<()>,
-    mut go: watch::Receiver<bool>,
-    limit: Duration,
-) -> Option<IdleTimes> {
-    let permit = connecting.acquire().await.unwrap();
-    let connection = connect_h2(addr, index).await;
-    drop(permit);
-    let _ = connected.send(());
-    let (mut sender, task) = connection.ok()?;
-    let _ = go.wait_for(|go| *go).await;
-    let sent = Instant::now();
-    request_h2(&mut sender).await.ok()?;
-    let answered = Instant::now();
-    let closed = match tokio::time::timeout(limit, task).await {
-        Ok(_) => Some(Instant::now()),
-        Err(_) => None,
-    };
-    drop(sender);
-    Some(IdleTimes {
-        sent,
-        answered,
-        closed,
-    })
-}
-
-/// [`busy_connection`] over HTTP/2: one request at a time, back to back.
-async fn busy_connection_h2(addr: SocketAddr, index: usize, until: Instant) -> Vec<u32> {
-    let (mut sender, _task) = connect_h2(addr, index).await.expect("busy connection");
-    let mut latencies = Vec::with_capacity(1 << 16);
-    while Instant::now() < until {
-        let start = Instant::now();
-        if request_h2(&mut sender).await.is_err() {
-            break;
+impl Client {
+    async fn connect(addr: SocketAddr, index: usize, http2: bool) -> io::Result<Client> {
+        let stream = connect(addr, index).await?;
+        if !http2 {
+            return Ok(Client::Http1(stream, Vec::new()));
         }
-        latencies.push(start.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .map_err(io::Error::other)?;
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Client::Http2(sender, task))
     }
-    latencies
+
+    /// Sends one request and reads its whole response.
+    async fn request(&mut self) -> io::Result<()> {
+        match self {
+            Client::Http1(stream, buf) => request(stream, buf).await,
+            Client::Http2(sender, _) => {
+                let request = Request::get("http://bench/")
+                    .body(Empty::new())
+                    .map_err(io::Error::other)?;
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(io::Error::other)?;
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(io::Error::other)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// When the server closed the connection, waiting at most `limit`.
+    async fn closed(self, limit: Duration) -> Option<Instant> {
+        match self {
+            Client::Http1(mut stream, _) => {
+                let mut chunk = [0; 64];
+                match tokio::time::timeout(limit, stream.read(&mut chunk)).await {
+                    Ok(Ok(0) | Err(_)) => Some(Instant::now()),
+                    _ => None,
+                }
+            }
+            // The sender stays alive while waiting: the client does not end the connection.
+            Client::Http2(_sender, task) => tokio::time::timeout(limit, task)
+                .await
+                .ok()
+                .map(|_| Instant::now()),
+        }
+    }
 }
 
 async fn idle_connection(
     addr: SocketAddr,
     index: usize,
+    http2: bool,
     connecting: Arc<Semaphore>,
     connected: mpsc::UnboundedSender<()>,
     mut go: watch::Receiver<bool>,
     limit: Duration,
 ) -> Option<IdleTimes> {
     let permit = connecting.acquire().await.unwrap();
-    let stream = connect(addr, index).await;
+    let client = Client::connect(addr, index, http2).await;
     drop(permit);
     let _ = connected.send(());
-    let mut stream = stream.ok()?;
+    let mut client = client.ok()?;
     let _ = go.wait_for(|go| *go).await;
     let sent = Instant::now();
-    let mut buf = Vec::new();
-    request(&mut stream, &mut buf).await.ok()?;
+    client.request().await.ok()?;
     let answered = Instant::now();
-    let mut chunk = [0; 64];
-    let closed = match tokio::time::timeout(limit, stream.read(&mut chunk)).await {
-        Ok(Ok(0) | Err(_)) => Some(Instant::now()),
-        _ => None,
-    };
+    let closed = client.closed(limit).await;
     Some(IdleTimes {
         sent,
         answered,
@@ -541,13 +521,15 @@ async fn idle_connection(
     })
 }
 
-async fn busy_connection(addr: SocketAddr, index: usize, until: Instant) -> Vec<u32> {
-    let mut stream = connect(addr, index).await.expect("busy connection");
+/// Requests back to back, one at a time, until `until`: their latencies in µs.
+async fn busy_connection(addr: SocketAddr, index: usize, http2: bool, until: Instant) -> Vec<u32> {
+    let mut client = Client::connect(addr, index, http2)
+        .await
+        .expect("busy connection");
     let mut latencies = Vec::with_capacity(1 << 16);
-    let mut buf = Vec::new();
     while Instant::now() < until {
         let start = Instant::now();
-        if request(&mut stream, &mut buf).await.is_err() {
+        if client.request().await.is_err() {
             break;
         }
         latencies.push(start.elapsed().as_micros().min(u32::MAX as u128) as u32);
@@ -580,16 +562,15 @@ async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResu
     let idle: Vec<_> = (0..options.idle)
         .map(|i| {
             let connected = connected.clone();
-            let (connecting, ready) = (connecting.clone(), ready.clone());
-            if options.http2 {
-                tokio::spawn(idle_connection_h2(
-                    addr, i, connecting, connected, ready, limit,
-                ))
-            } else {
-                tokio::spawn(idle_connection(
-                    addr, i, connecting, connected, ready, limit,
-                ))
-            }
+            tokio::spawn(idle_connection(
+                addr,
+                i,
+                options.http2,
+                connecting.clone(),
+                connected,
+                ready.clone(),
+                limit,
+            ))
         })
         .collect();
     for _ in 0..options.idle {
@@ -616,11 +597,12 @@ async fn run_once(variant: Variant, options: &Options, threads: &str) -> RunResu
     let until = start + Duration::from_secs_f64(options.secs);
     let busy: Vec<_> = (0..BUSY_CONNECTIONS)
         .map(|i| {
-            if options.http2 {
-                tokio::spawn(busy_connection_h2(addr, options.idle + i, until))
-            } else {
-                tokio::spawn(busy_connection(addr, options.idle + i, until))
-            }
+            tokio::spawn(busy_connection(
+                addr,
+                options.idle + i,
+                options.http2,
+                until,
+            ))
         })
         .collect();
     let mut latencies = Vec::new();
