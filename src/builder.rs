@@ -12,12 +12,14 @@ use tokio::runtime::Handle;
 use tokio::time::Instant;
 
 use crate::actor::Actor;
+use crate::actor::context::Lane;
 use crate::actor::inbox::Inbox;
 use crate::actor::thread;
 use crate::actor::timers::TimerMachine;
 use crate::error::BuildError;
 use crate::handle::Wheel;
 use crate::timer::clock::Clock;
+use crate::timer::pool::Pool;
 use crate::timer::shared::Shared;
 use crate::wheel::Layout;
 
@@ -70,6 +72,7 @@ pub struct Builder {
     runtime: Option<Handle>,
     own_thread: bool,
     shards: Option<usize>,
+    timer_shards: Option<usize>,
 }
 
 impl Default for Builder {
@@ -88,6 +91,7 @@ impl Builder {
             runtime: None,
             own_thread: false,
             shards: None,
+            timer_shards: None,
         }
     }
 
@@ -154,8 +158,10 @@ impl Builder {
     /// `n`), and the
     /// one [`Expirations`](crate::Expirations) stream takes from all: entries of different
     /// shards due at nearly the same time may arrive in either order. Each shard costs an
-    /// idle set a few KiB. Sleeps, intervals and jobs run on the wheel's one timer actor,
-    /// whatever this says.
+    /// idle set a few KiB.
+    ///
+    /// Given, `n` is also the number of timer shards for sleeps, intervals, timeouts and
+    /// jobs, unless [`timer_shards`](Self::timer_shards) says otherwise.
     ///
     /// `n` must be from 1 to 256 ([`BuildError::Shards`] otherwise).
     ///
@@ -171,6 +177,38 @@ impl Builder {
     /// ```
     pub fn shards(mut self, n: usize) -> Builder {
         self.shards = Some(n);
+        self
+    }
+
+    /// How many timer actors share the wheel's sleeps, intervals, timeouts and jobs. A timer
+    /// goes to the actor of the thread that registers it (its first poll, or `spawn_*`) and
+    /// stays there, so producers on different worker threads feed different actors, each
+    /// with its own cascade, pool and queues. Default: [`shards`](Self::shards) if given,
+    /// else one per two worker threads of the runtime the actors run on, rounded up (one on
+    /// two workers, one on a current-thread runtime and with [`own_thread`](Self::own_thread)).
+    ///
+    /// One actor keeps up with the commands of a few producer cores when sleeps move to
+    /// random deadlines (an earlier deadline is a command; a later one, and a sleep armed and
+    /// dropped per request, cost the actor next to nothing): BENCHMARKS.md measures where.
+    /// More shards raise that ceiling in proportion; each costs an idle wheel a few KiB, and
+    /// a wheel firing a few timers per tick one more wake-up per tick per busy shard. Every
+    /// promise holds as with one: a timer's commands apply in order, never early, shutdown
+    /// resolves every timer, [`Wheel::flush`] waits for every shard, and the
+    /// [`Stats`](crate::Stats) add up over all of them.
+    ///
+    /// `n` must be from 1 to 256 ([`BuildError::Shards`] otherwise).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tokio_wheel::BuildError> {
+    /// let wheel = tokio_wheel::Wheel::builder().timer_shards(4).try_build()?;
+    /// wheel.sleep(std::time::Duration::from_millis(10)).await;
+    /// assert_eq!(wheel.stats().fired, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn timer_shards(mut self, n: usize) -> Builder {
+        self.timer_shards = Some(n);
         self
     }
 
@@ -214,11 +252,21 @@ impl Builder {
             return Err(BuildError::NoTimeDriver);
         }
         let levels = self.layout.slots_per_level(self.tick)?;
-        let shards = match self.shards {
-            Some(n) if !(1..=MAX_SHARDS).contains(&n) => return Err(BuildError::Shards(n)),
-            Some(n) => n,
-            None if self.own_thread => 1,
-            None => runtime.metrics().num_workers().clamp(1, MAX_SHARDS),
+        let valid = |n: usize| {
+            (1..=MAX_SHARDS)
+                .contains(&n)
+                .then_some(n)
+                .ok_or(BuildError::Shards(n))
+        };
+        let workers = if self.own_thread {
+            1
+        } else {
+            runtime.metrics().num_workers().clamp(1, MAX_SHARDS)
+        };
+        let shards = self.shards.map(valid).transpose()?.unwrap_or(workers);
+        let timer_shards = match (self.timer_shards, self.shards) {
+            (Some(n), _) | (None, Some(n)) => valid(n)?,
+            (None, None) => workers.div_ceil(2),
         };
         if self.own_thread && clock_is_paused(&runtime) {
             return Err(BuildError::PausedClock);
@@ -242,12 +290,18 @@ impl Builder {
         if self.own_thread {
             thread::watch_runtime(&runtime, &shared);
         }
-        let shards = Inbox::<()>::shards_for_this_machine();
-        let inbox = Arc::new(Inbox::new(shards).with_actor_on(&shared.actors));
-        let machine = TimerMachine::new(&shared.levels, clock, shards);
-        Actor::new(machine, inbox.clone(), shared.clone()).spawn("timers");
-        tracing::debug!(wheel = %shared.name, tick = ?self.tick, levels = ?shared.levels, "wheel built");
-        Ok(Wheel::from_parts(shared, inbox))
+        let queues = Inbox::<()>::shards_for_this_machine();
+        let lanes = (0..timer_shards)
+            .map(|_| {
+                let inbox = Arc::new(Inbox::new(queues).with_actor_on(&shared.actors));
+                let pool = Arc::new(Pool::default());
+                let machine = TimerMachine::new(pool.clone(), &shared.levels, clock, queues);
+                Actor::new(machine, inbox.clone(), shared.clone()).spawn("timers");
+                Lane { inbox, pool }
+            })
+            .collect();
+        tracing::debug!(wheel = %shared.name, tick = ?self.tick, levels = ?shared.levels, timer_shards, "wheel built");
+        Ok(Wheel::from_parts(shared, lanes))
     }
 }
 
@@ -272,4 +326,31 @@ fn clock_is_paused(runtime: &Handle) -> bool {
         std::hint::spin_loop();
     }
     Instant::now() == before
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::Wheel;
+
+    #[test]
+    fn threads_spread_over_timer_lanes() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let wheel = runtime.block_on(async { Wheel::builder().timer_shards(4).build() });
+        let lanes: HashSet<u32> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| wheel.inner.lane_for_thread()))
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        // Eight new threads take eight distinct seeds (other tests' threads may take some in
+        // between): they cannot all land in one lane.
+        assert!(lanes.len() >= 2, "{lanes:?}");
+        // One thread always names the same lane (its timers' commands stay in order there).
+        assert_eq!(wheel.inner.lane_for_thread(), wheel.inner.lane_for_thread());
+    }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::actor::context::WheelContext;
-use crate::actor::inbox::{Inbox, Urgency};
+use crate::actor::context::{Lane, WheelContext};
+use crate::actor::inbox::Urgency;
 use crate::actor::timers::Command;
 use crate::interval::Interval;
 use crate::job::{JobHandle, Schedule};
@@ -70,9 +70,9 @@ impl fmt::Debug for Wheel {
 
 impl Wheel {
     /// A wheel around a running actor; the one constructor, used by [`Builder`](crate::Builder).
-    pub(crate) fn from_parts(shared: Arc<Shared>, inbox: Arc<Inbox<Command>>) -> Wheel {
+    pub(crate) fn from_parts(shared: Arc<Shared>, lanes: Box<[Lane]>) -> Wheel {
         Wheel {
-            inner: Arc::new(WheelContext::new(shared, inbox)),
+            inner: Arc::new(WheelContext::new(shared, lanes)),
         }
     }
 
@@ -198,19 +198,24 @@ impl Wheel {
         keyed::new(&self.inner)
     }
 
-    /// Waits until the actor has applied every sleep and job command sent before this call
-    /// (from any handle) and published it in [`stats`](Wheel::stats). Returns at once on a
-    /// stopped wheel. Keyed sets have their own actors: [`Timers::len`] is their barrier.
+    /// Waits until the timer actors have applied every sleep and job command sent before
+    /// this call (from any handle) and published it in [`stats`](Wheel::stats). Returns at
+    /// once on a stopped wheel. Keyed sets have their own actors: [`Timers::len`] is their
+    /// barrier.
     ///
     /// Useful in tests and benchmarks; timers work without it.
     pub async fn flush(&self) {
-        let (reply, done) = tokio::sync::oneshot::channel();
-        let shard = self.inner.inbox.shard_for_thread() as u32;
-        if self
-            .inner
-            .send(shard, Command::Flush(reply), Urgency::Now)
-            .is_some()
-        {
+        // Every lane's barrier is queued before any is awaited: they run side by side.
+        let mut answers = Vec::with_capacity(self.inner.lanes.len());
+        for lane in 0..self.inner.lanes.len() as u32 {
+            let (reply, done) = tokio::sync::oneshot::channel();
+            let shard = self.inner.inbox(lane).shard_for_thread() as u32;
+            let flush = Command::Flush(reply);
+            if self.inner.send(lane, shard, flush, Urgency::Now).is_some() {
+                answers.push(done);
+            }
+        }
+        for done in answers {
             let _ = done.await;
         }
     }

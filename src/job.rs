@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use tokio::task::{AbortHandle, coop};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::actor::context::WheelContext;
+use crate::actor::context::{Filed, WheelContext};
 use crate::actor::inbox::Urgency;
 use crate::actor::timers::{Command, JobInsert};
 use crate::error::JobError;
@@ -198,10 +198,9 @@ impl<T: Send + 'static> JobHandle<T> {
             }))
         });
         match filed {
-            Some(filed) => job.slot.store(
-                u64::from(filed.slot) | (u64::from(filed.shard) << 32),
-                Ordering::Release,
-            ),
+            Some(filed) => job
+                .slot
+                .store(Filing::from(filed).pack(), Ordering::Release),
             None => job.refuse(),
         }
         JobHandle {
@@ -319,7 +318,7 @@ trait Control: Send + Sync + 'static {
 
 /// A one-shot job: its pool slot, and its future until it starts.
 struct OneShot<F: Future> {
-    /// Pool slot (low 32 bits) and inbox shard (high 32 bits); `u64::MAX` if never filed.
+    /// Where the job is filed ([`Filing::pack`]); `u64::MAX` if never filed.
     slot: AtomicU64,
     future: Mutex<Option<F>>,
     outcome: Arc<Outcome<F::Output>>,
@@ -329,9 +328,44 @@ struct OneShot<F: Future> {
 }
 
 impl<F: Future> OneShot<F> {
-    fn slot(&self) -> Option<(u32, u32)> {
+    fn slot(&self) -> Option<Filing> {
         let raw = self.slot.load(Ordering::Acquire);
-        (raw != u64::MAX).then_some((raw as u32, (raw >> 32) as u32))
+        (raw != u64::MAX).then(|| Filing::unpack(raw))
+    }
+}
+
+/// A job's timer lane, pool slot and inbox shard, packed in one word so a handle reads them
+/// with one load.
+#[derive(Debug, Clone, Copy)]
+struct Filing {
+    lane: u32,
+    slot: u32,
+    shard: u32,
+}
+
+impl From<Filed> for Filing {
+    fn from(filed: Filed) -> Filing {
+        Filing {
+            lane: filed.lane,
+            slot: filed.slot,
+            shard: filed.shard,
+        }
+    }
+}
+
+impl Filing {
+    /// Slot in the low 32 bits, shard in the next 16, lane in the 16 above (lanes and shards
+    /// are a few hundred at most, so the word is never `u64::MAX`).
+    fn pack(self) -> u64 {
+        u64::from(self.slot) | (u64::from(self.shard) << 32) | (u64::from(self.lane) << 48)
+    }
+
+    fn unpack(raw: u64) -> Filing {
+        Filing {
+            slot: raw as u32,
+            shard: (raw >> 32) as u32 & 0xFFFF,
+            lane: (raw >> 48) as u32,
+        }
     }
 }
 
@@ -377,25 +411,24 @@ where
     F::Output: Send + 'static,
 {
     fn cancel(&self, wheel: &WheelContext) -> bool {
-        let Some((slot, shard)) = self.slot() else {
+        let Some(Filing { lane, slot, shard }) = self.slot() else {
             return false;
         };
-        if !wheel.shared.pool.get(slot).word.cancel() {
+        if !wheel.slot(lane, slot).word.cancel() {
             return false;
         }
         drop(lock(&self.future).take());
         self.outcome.set(Err(JobError::Cancelled));
-        wheel.send(shard, Command::Unfile { slot }, Urgency::Lazy);
+        wheel.send(lane, shard, Command::Unfile { slot }, Urgency::Lazy);
         true
     }
 
     fn reschedule(&self, wheel: &WheelContext, deadline: Instant) -> bool {
-        let Some((slot, shard)) = self.slot() else {
+        let Some(Filing { lane, slot, shard }) = self.slot() else {
             return false;
         };
         let offset = wheel.shared.clock.offset(deadline);
-        let Moved::Armed { earlier } = wheel.shared.pool.get(slot).word.move_to(offset, false)
-        else {
+        let Moved::Armed { earlier } = wheel.slot(lane, slot).word.move_to(offset, false) else {
             return false;
         };
         *lock(&self.deadline) = deadline;
@@ -404,7 +437,7 @@ where
                 slot,
                 deadline: offset,
             };
-            wheel.send(shard, advance, Urgency::By(offset));
+            wheel.send(lane, shard, advance, Urgency::By(offset));
         }
         true
     }
@@ -423,10 +456,12 @@ where
     }
 
     fn release(&self, wheel: &WheelContext) {
-        if let Some((slot, shard)) = self.slot() {
+        if let Some(Filing { lane, slot, shard }) = self.slot() {
             // Refused only once the actor has stopped: the slot goes with the pool.
             let release = Command::Release { slot, shard };
-            let _ = wheel.inbox.send(shard as usize, release, Urgency::Lazy);
+            let _ = wheel
+                .inbox(lane)
+                .send(shard as usize, release, Urgency::Lazy);
         }
     }
 }

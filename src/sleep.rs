@@ -65,8 +65,9 @@ const UNARMED: u32 = u32::MAX;
 ///
 /// # Cost
 ///
-/// 40 bytes for the future itself; registering takes a 32-byte slot from the wheel's pool (no
-/// allocation once the pool has grown) and queues one command, which wakes the wheel's actor
+/// 40 bytes for the future itself; registering takes a 32-byte slot from the pool of the
+/// registering thread's timer lane (no allocation once the pool has grown) and queues one
+/// command to that lane's actor, which wakes it
 /// only if it would otherwise look too late. Moving the deadline *later* is a single atomic
 /// compare-and-swap with no message; moving it earlier queues one. Each poll before the timer
 /// fires reads the clock once, to honour the deadline exactly. Dropped before the actor took
@@ -82,6 +83,8 @@ pub struct Sleep {
     deadline: Instant,
     /// The pool slot once registered, else [`UNARMED`].
     slot: u32,
+    /// The timer lane the slot is in (`WheelContext::lanes`).
+    lane: u8,
     /// The inbox shard the slot came from (all its commands go there, in order).
     shard: u8,
     /// Set when the sleep completed.
@@ -105,6 +108,7 @@ impl Sleep {
             wheel: wheel.clone(),
             deadline,
             slot: UNARMED,
+            lane: 0,
             shard: 0,
             woke: None,
             position: 0,
@@ -131,7 +135,7 @@ impl Sleep {
     }
 
     fn state(&self) -> State {
-        self.wheel.shared.pool.get(self.slot).word.state()
+        self.wheel.slot(self.lane.into(), self.slot).word.state()
     }
 
     /// Moves the deadline, earlier or later, before or after completion: the sleep then
@@ -162,10 +166,10 @@ impl Sleep {
         if this.slot == UNARMED {
             return;
         }
-        let shared = &this.wheel.shared;
-        let offset = shared.clock.offset(deadline);
-        let slot = this.slot;
-        match shared.pool.get(slot).word.move_to(offset, true) {
+        let wheel = &this.wheel;
+        let offset = wheel.shared.clock.offset(deadline);
+        let (lane, slot) = (u32::from(this.lane), this.slot);
+        match wheel.slot(lane, slot).word.move_to(offset, true) {
             Moved::Armed { earlier } => {
                 if earlier {
                     let shard = u32::from(this.shard);
@@ -173,7 +177,7 @@ impl Sleep {
                         slot,
                         deadline: offset,
                     };
-                    this.wheel.send(shard, advance, Urgency::By(offset));
+                    wheel.send(lane, shard, advance, Urgency::By(offset));
                 }
             }
             Moved::Rearmed => {
@@ -182,7 +186,7 @@ impl Sleep {
                     slot,
                     deadline: offset,
                 };
-                match this.wheel.send(shard, insert, Urgency::By(offset)) {
+                match wheel.send(lane, shard, insert, Urgency::By(offset)) {
                     Some(position) => {
                         this.position = position;
                         this.rearmed = true;
@@ -190,7 +194,7 @@ impl Sleep {
                     None => {
                         // The wheel stopped: nobody will fire the word just re-armed. Mark it
                         // shut down, so every later poll and reset sees that.
-                        shared.pool.get(slot).word.shut_down();
+                        wheel.slot(lane, slot).word.shut_down();
                         this.woke = Some(Woke::Shutdown);
                     }
                 }
@@ -213,7 +217,7 @@ impl Sleep {
             State::Fired => Some(Woke::Elapsed),
             _ => Some(Woke::Shutdown),
         };
-        let slot = self.wheel.shared.pool.get(self.slot);
+        let slot = self.wheel.slot(self.lane.into(), self.slot);
         // Fired here means fired by the actor: a sleep that completed itself returns above,
         // until a reset arms its word again.
         let mut state = slot.word.state();
@@ -263,6 +267,7 @@ impl Sleep {
             return Poll::Ready(Woke::Shutdown);
         };
         self.slot = filed.slot;
+        self.lane = filed.lane as u8;
         self.shard = filed.shard as u8;
         self.position = filed.position;
         Poll::Pending
@@ -282,7 +287,7 @@ impl Drop for Sleep {
         if self.slot == UNARMED {
             return;
         }
-        let slot = self.wheel.shared.pool.get(self.slot);
+        let slot = self.wheel.slot(self.lane.into(), self.slot);
         // Do not keep the task alive through a waker nobody will use.
         drop(slot.waker.take());
         if self.rearmed {
@@ -291,7 +296,8 @@ impl Drop for Sleep {
             slot.word.cancel();
         }
         let (index, shard) = (self.slot, usize::from(self.shard));
-        if self.fired && !self.rearmed && self.wheel.inbox.give_back(shard, index) {
+        let inbox = self.wheel.inbox(self.lane.into());
+        if self.fired && !self.rearmed && inbox.give_back(shard, index) {
             // The actor let go of the slot when it fired it: one push under the shard's lock,
             // no command (a flood's fire loop used to queue and apply one release per timer).
             return;
@@ -310,8 +316,6 @@ impl Drop for Sleep {
             }
         };
         // Not sent only once the actor has stopped: the slot goes with the pool.
-        self.wheel
-            .inbox
-            .withdraw_or_send(shard, self.position, is_insert, index, release);
+        inbox.withdraw_or_send(shard, self.position, is_insert, index, release);
     }
 }

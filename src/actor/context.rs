@@ -1,5 +1,6 @@
-//! [`WheelContext`]: what every handle of a wheel holds — the wheel's [`Shared`] state and the
-//! main actor's inbox — and how a handle files a timer or sends a command through it.
+//! [`WheelContext`]: what every handle of a wheel holds — the wheel's [`Shared`] state and its
+//! timer lanes (each a timer actor's inbox and pool) — and how a handle files a timer or sends
+//! a command through them.
 //!
 //! It lives here, below the handles, so that a `Sleep`, `Timeout`, `Interval`, `JobHandle` or
 //! `Timers` holds what it needs from below and never names the `Wheel` that made it: `Wheel`
@@ -9,23 +10,36 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::Waker;
 
-use super::inbox::{Inbox, Urgency};
+use super::inbox::{Inbox, Urgency, thread_seed};
 use super::timers::Command;
+use crate::timer::pool::{Pool, Slot};
 use crate::timer::shared::Shared;
 
-/// Where a new timer went: its pool slot, its inbox shard, and its command's position there.
+/// Where a new timer went: its lane, its pool slot there, its inbox shard, and its command's
+/// position in that shard's queue.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Filed {
+    pub(crate) lane: u32,
     pub(crate) slot: u32,
     pub(crate) shard: u32,
     pub(crate) position: u32,
 }
 
-/// What every handle of a wheel holds, behind one `Arc`. The main actor's queue closes when
+/// One timer actor's share of the wheel's sleeps and jobs: its command queue and the pool its
+/// timers' shared state lives in. A timer stays in the lane it was filed in for its life (its
+/// slot index means nothing in another lane's pool), so its commands apply in order.
+pub(crate) struct Lane {
+    pub(crate) inbox: Arc<Inbox<Command>>,
+    pub(crate) pool: Arc<Pool>,
+}
+
+/// What every handle of a wheel holds, behind one `Arc`. The timer actors' queues close when
 /// the last one goes.
 pub(crate) struct WheelContext {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) inbox: Arc<Inbox<Command>>,
+    /// The timer actors (`Builder::timer_shards`): a timer goes to the lane of the thread
+    /// that registers it, so producers on different threads feed different actors.
+    pub(crate) lanes: Box<[Lane]>,
     /// What a layer above keeps once per wheel (the idle connections' group of
     /// `hyper::IdleIo`), weakly: it holds the wheel, not the other way round.
     #[cfg(feature = "hyper")]
@@ -34,8 +48,10 @@ pub(crate) struct WheelContext {
 
 impl Drop for WheelContext {
     fn drop(&mut self) {
-        // The last handle is gone: the actor exits once nothing it holds is pending.
-        self.inbox.close();
+        // The last handle is gone: each timer actor exits once nothing it holds is pending.
+        for lane in &self.lanes {
+            lane.inbox.close();
+        }
     }
 }
 
@@ -46,55 +62,83 @@ impl fmt::Debug for WheelContext {
             .field("name", &self.shared.name)
             .field("tick", &self.shared.clock.tick())
             .field("levels", &self.shared.levels)
+            .field("timer_shards", &self.lanes.len())
             .field("closed", &self.shared.is_closed())
             .finish()
     }
 }
 
 impl WheelContext {
-    pub(crate) fn new(shared: Arc<Shared>, inbox: Arc<Inbox<Command>>) -> WheelContext {
+    pub(crate) fn new(shared: Arc<Shared>, lanes: Box<[Lane]>) -> WheelContext {
+        assert!(!lanes.is_empty(), "a wheel has at least one timer lane");
         WheelContext {
             shared,
-            inbox,
+            lanes,
             #[cfg(feature = "hyper")]
             layer: std::sync::Mutex::new(std::sync::Weak::<()>::new()),
         }
     }
 
-    /// Sends a command to the main actor through inbox shard `shard`; `None` if the wheel
-    /// has stopped, else where in the shard's queue it went.
-    pub(crate) fn send(&self, shard: u32, command: Command, urgency: Urgency) -> Option<u32> {
+    /// The lane timers registered on this thread go to.
+    pub(crate) fn lane_for_thread(&self) -> u32 {
+        let lanes = self.lanes.len();
+        if lanes == 1 {
+            0
+        } else {
+            (thread_seed() % lanes) as u32
+        }
+    }
+
+    /// The shared state of slot `slot` of lane `lane`.
+    pub(crate) fn slot(&self, lane: u32, slot: u32) -> &Slot {
+        self.lanes[lane as usize].pool.get(slot)
+    }
+
+    /// The inbox of lane `lane`.
+    pub(crate) fn inbox(&self, lane: u32) -> &Inbox<Command> {
+        &self.lanes[lane as usize].inbox
+    }
+
+    /// Sends a command to the timer actor of lane `lane` through its inbox shard `shard`;
+    /// `None` if the wheel has stopped, else where in the shard's queue it went.
+    pub(crate) fn send(
+        &self,
+        lane: u32,
+        shard: u32,
+        command: Command,
+        urgency: Urgency,
+    ) -> Option<u32> {
         if self.shared.is_closed() {
             return None;
         }
-        self.inbox.send(shard as usize, command, urgency).ok()
+        self.inbox(lane).send(shard as usize, command, urgency).ok()
     }
 
-    /// Takes a pool slot for a timer due at offset `deadline`, arms it (registering `waker`,
-    /// if any) and files it with the command `file` makes, through this thread's shard.
-    /// Returns the slot, the shard and the command's position in the shard's queue, or `None`
-    /// if the wheel has stopped.
+    /// Takes a pool slot of this thread's lane for a timer due at offset `deadline`, arms it
+    /// (registering `waker`, if any) and files it with the command `file` makes, through this
+    /// thread's inbox shard. Returns where it went, or `None` if the wheel has stopped.
     pub(crate) fn file_timer(
         &self,
         deadline: u64,
         waker: Option<&Waker>,
         file: impl FnOnce(u32) -> Command,
     ) -> Option<Filed> {
-        let WheelContext { shared, inbox, .. } = self;
-        if shared.is_closed() {
+        if self.shared.is_closed() {
             return None;
         }
+        let lane = self.lane_for_thread();
+        let Lane { inbox, pool } = &self.lanes[lane as usize];
         let shard = inbox.shard_for_thread();
         let urgency = Urgency::By(deadline);
-        let (slot, position) =
-            inbox.send_with_slot(shard, &shared.pool, urgency, |index, slot| {
-                slot.word.arm(deadline);
-                if let Some(waker) = waker {
-                    slot.waker.register(waker);
-                }
-                file(index)
-            })?;
+        let (slot, position) = inbox.send_with_slot(shard, pool, urgency, |index, slot| {
+            slot.word.arm(deadline);
+            if let Some(waker) = waker {
+                slot.waker.register(waker);
+            }
+            file(index)
+        })?;
         Some(Filed {
+            lane,
             slot,
             shard: shard as u32,
             position,

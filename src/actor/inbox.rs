@@ -215,7 +215,7 @@ pub(crate) struct Inbox<C> {
 }
 
 /// A number per thread, spreading threads over shards.
-fn thread_seed() -> usize {
+pub(crate) fn thread_seed() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     use std::sync::atomic::Ordering;
     thread_local! {

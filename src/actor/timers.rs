@@ -1,6 +1,7 @@
-//! The machine of the main actor: sleeps (and the timeouts and intervals built on them) and
-//! one-shot jobs, each a slot of the wheel's timer pool, filed in the wheel under its slot
-//! index.
+//! The machine of a timer actor: sleeps (and the timeouts and intervals built on them) and
+//! one-shot jobs, each a slot of its lane's timer pool, filed in the wheel under its slot
+//! index. A wheel runs one timer actor per lane (`Builder::timer_shards`), each with its own
+//! pool, inbox and cascade.
 //!
 //! The actor learns a timer's deadline from the command that files it and touches the slot's
 //! shared word only when the timer comes due (to fire it, or to find it postponed) or when the
@@ -31,7 +32,7 @@ use crate::timer::state::{Due, State};
 /// Pool slots an idle wheel keeps; the rest is given back after a burst.
 const RETAINED_SLOTS: u32 = 4 * 1024;
 
-/// What handles ask of the main actor.
+/// What handles ask of a timer actor.
 pub(crate) enum Command {
     /// File `slot` (armed for `deadline`), or move it there if it is still filed.
     Insert { slot: u32, deadline: u64 },
@@ -73,6 +74,8 @@ struct FiledJob {
 }
 
 pub(crate) struct TimerMachine {
+    /// The shared state of this lane's timers.
+    pool: Arc<Pool>,
     timeline: Timeline,
     jobs: HashMap<u32, FiledJob>,
     /// Slots to give back, per inbox shard.
@@ -88,8 +91,9 @@ pub(crate) struct TimerMachine {
 }
 
 impl TimerMachine {
-    pub(crate) fn new(levels: &[u32], clock: Clock, shards: usize) -> Self {
+    pub(crate) fn new(pool: Arc<Pool>, levels: &[u32], clock: Clock, shards: usize) -> Self {
         TimerMachine {
+            pool,
             timeline: Timeline::new(levels, clock),
             jobs: HashMap::new(),
             freed: vec![Vec::new(); shards],
@@ -172,7 +176,7 @@ impl Machine for TimerMachine {
                     return;
                 }
                 if self.timeline.unfile(slot) {
-                    match ctx.shared.pool.get(slot).word.state() {
+                    match self.pool.get(slot).word.state() {
                         State::Fired => ctx.delta.fired += 1,
                         _ => ctx.delta.cancelled += 1,
                     }
@@ -188,6 +192,7 @@ impl Machine for TimerMachine {
         // A queued command never makes a due timer wrong to fire: cancels and moves are in
         // the shared word before their command is sent.
         let TimerMachine {
+            pool,
             timeline,
             jobs,
             freed,
@@ -197,7 +202,7 @@ impl Machine for TimerMachine {
         let shared = ctx.shared;
         let delta = &mut *ctx.delta;
         timeline.expire(now, budget, |id, limit| {
-            let slot = shared.pool.get(id);
+            let slot = pool.get(id);
             match slot.word.on_due(limit) {
                 Due::Fire(deadline) => {
                     delta.record_fire(deadline, now);
@@ -248,7 +253,7 @@ impl Machine for TimerMachine {
         if self.stopping.is_empty() {
             self.stopping = self.timeline.drain().collect();
         }
-        let pool = &ctx.shared.pool;
+        let pool = &self.pool;
         let start = self.stopping.len().saturating_sub(budget);
         let batch: Vec<u32> = self.stopping.drain(start..).collect();
         for &id in &batch {
@@ -280,13 +285,13 @@ impl Machine for TimerMachine {
         !self.flushes.is_empty()
     }
 
-    fn holds_memory(&self, shared: &Shared) -> bool {
+    fn holds_memory(&self, _shared: &Shared) -> bool {
         // Empty, any slot back may free a segment; with timers filed, wait for a few more.
         let worth_a_pass = self.timeline.len() == 0
             || self
                 .blocked_at
                 .is_none_or(|at| self.returned - at >= u64::from(RETAINED_SLOTS));
-        (shared.pool.capacity() > RETAINED_SLOTS && worth_a_pass)
+        (self.pool.capacity() > RETAINED_SLOTS && worth_a_pass)
             || self.jobs.capacity() > 2 * self.jobs.len() + 64
             || self
                 .freed
@@ -294,18 +299,18 @@ impl Machine for TimerMachine {
                 .any(|freed| freed.capacity() > RETAINED_SLOTS as usize)
     }
 
-    fn sparse(&self, shared: &Shared) -> bool {
+    fn sparse(&self, _shared: &Shared) -> bool {
         // Most of the pool unused: a flood is over but some timers outlive it.
-        let capacity = shared.pool.capacity();
+        let capacity = self.pool.capacity();
         capacity > RETAINED_SLOTS && (self.timeline.len() as u64) * 4 < u64::from(capacity)
     }
 
-    fn release_memory(&mut self, inbox: &Inbox<Command>, shared: &Arc<Shared>) -> bool {
+    fn release_memory(&mut self, inbox: &Inbox<Command>, _shared: &Arc<Shared>) -> bool {
         if self.jobs.capacity() > 2 * self.jobs.len() + 64 {
             self.jobs.shrink_to_fit();
         }
         let mut all = true;
-        let pool = &shared.pool;
+        let pool = &self.pool;
         if pool.capacity() > RETAINED_SLOTS {
             // From here until every segment has gone, handles release fired sleeps through
             // the actor, which sees them come back and tries again (see `Inbox::give_back`).

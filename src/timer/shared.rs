@@ -1,5 +1,5 @@
-//! What every actor of a wheel and every handle share: the clock, the runtime, the timer pool,
-//! the counters and the wheel's lifecycle.
+//! What every actor of a wheel and every handle share: the clock, the runtime, the counters
+//! and the wheel's lifecycle. (Each timer actor's pool is its lane's: `actor::context::Lane`.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -8,7 +8,6 @@ use tokio::sync::{oneshot, watch};
 
 use super::clock::Clock;
 use super::counters::Counters;
-use super::pool::Pool;
 
 /// A wheel's shared state. Actors hold it (never a `Wheel` handle), so a wheel's command
 /// queues close when its last handle goes.
@@ -26,8 +25,6 @@ pub(crate) struct Shared {
     pub(crate) levels: Vec<u32>,
     /// How many shards (actors) each keyed set runs (`Builder::shards`).
     pub(crate) keyed_shards: usize,
-    /// The shared state of sleeps and jobs.
-    pub(crate) pool: Pool,
     pub(crate) counters: Counters,
     /// Set once the wheel stops; new timers are refused from then on.
     closed: AtomicBool,
@@ -59,7 +56,6 @@ impl Shared {
             _own_thread: own_thread,
             levels,
             keyed_shards: 1,
-            pool: Pool::default(),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
             shutdown: watch::Sender::new(false),
