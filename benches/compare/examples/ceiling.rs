@@ -6,10 +6,12 @@
 //! Run: `cargo run --release -p tokio-wheel-compare --example ceiling [-- --ops 1000000 --runs 3
 //! --shards 1]`.
 //!
-//! `--shards n` spreads the keyed set over `n` actors (`Builder::shards`). They all run on the
-//! wheel's one thread here, so the actor column is what the `n` of them spend together per
-//! operation: what sharding costs or saves per command. On a machine with a core per shard
-//! they apply side by side, and a keyed pattern's ceiling is `n` times one actor's.
+//! `--shards n` spreads the keyed set and the sleeps over `n` actors each (`Builder::shards`)
+//! and runs `n` producer threads, each with its own sleeps (registered on its thread, so on
+//! its timer shard) and keys, making `ops / n` operations. The actors all run on the wheel's
+//! one thread here, so the actor column is what they spend together per operation: what
+//! sharding costs or saves per command. On a machine with a core per shard they apply side by
+//! side, and a pattern's ceiling is `n` times one actor's.
 //!
 //! The wheel runs its actor on its own thread (`Builder::own_thread`), so its CPU time can be
 //! read alone (`/proc/self/task/<tid>/schedstat`, nanoseconds on the CPU); the producer is a
@@ -101,73 +103,105 @@ fn run(runtime: &tokio::runtime::Runtime, pattern: Pattern, ops: u64, shards: us
         .try_build()
         .expect("a wheel on its own thread");
     let (timers, expired) = wheel.keyed::<u64, ()>();
-    let mut sleeps: Vec<_> = (0..1000).map(|i| Box::pin(wheel.sleep(delay(i)))).collect();
-    for sleep in &mut sleeps {
-        poll_once(sleep.as_mut());
-    }
-    for key in 0..1000 {
-        timers.set(key, (), delay(key));
+    // One producer thread per shard, each with its own sleeps (registered on that thread, so
+    // on its timer shard) and its own keys, each making its share of the operations.
+    let producers = shards as u64;
+    let share = ops / producers;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Arc::new(std::sync::Mutex::new(go_rx));
+    let threads: Vec<_> = (0..producers)
+        .map(|p| {
+            let (wheel, timers) = (wheel.clone(), timers.clone());
+            let (ready_tx, go_rx) = (ready_tx.clone(), go_rx.clone());
+            std::thread::spawn(move || {
+                let keys = p * 1_000_000_000;
+                let mut sleeps: Vec<_> =
+                    (0..1000).map(|i| Box::pin(wheel.sleep(delay(i)))).collect();
+                for sleep in &mut sleeps {
+                    poll_once(sleep.as_mut());
+                }
+                for key in 0..1000 {
+                    timers.set(keys + key, (), delay(key));
+                }
+                ready_tx.send(()).unwrap();
+                let _ = go_rx.lock().unwrap().recv();
+                let start = thread_cpu_ns();
+                produce(pattern, share, keys, &wheel, &timers, &mut sleeps);
+                let spent = thread_cpu_ns() - start;
+                drop(sleeps);
+                spent
+            })
+        })
+        .collect();
+    for _ in 0..producers {
+        ready_rx.recv().unwrap();
     }
     runtime.block_on(wheel.flush());
+    runtime.block_on(async { timers.len().await });
     let actor_before = actor_cpu_ns(&name);
-    let producer = {
-        let (wheel, timers) = (wheel.clone(), timers.clone());
-        std::thread::spawn(move || {
-            let start = thread_cpu_ns();
-            match pattern {
-                Pattern::Request => {
-                    for i in 0..ops {
-                        let mut sleep = wheel.sleep(delay(i));
-                        poll_once(Pin::new(&mut sleep));
-                    }
-                }
-                Pattern::SleepChurn => {
-                    // Later on every reset, as a keep-alive deadline moves.
-                    let base = Instant::now() + Duration::from_secs(120);
-                    for i in 0..ops {
-                        let sleep = &mut sleeps[(i % 1000) as usize];
-                        sleep.as_mut().reset(base + Duration::from_micros(i));
-                        poll_once(sleep.as_mut());
-                    }
-                }
-                Pattern::SleepRandom => {
-                    let now = Instant::now();
-                    for i in 0..ops {
-                        let sleep = &mut sleeps[(i % 1000) as usize];
-                        sleep
-                            .as_mut()
-                            .reset(now + delay(i) + Duration::from_secs(60));
-                        poll_once(sleep.as_mut());
-                    }
-                }
-                Pattern::ByKeyReset => {
-                    for i in 0..ops {
-                        timers.reset(&(i % 1000), delay(i));
-                    }
-                }
-                Pattern::KeyedSetRemove => {
-                    for i in 0..ops {
-                        let key = 1_000 + i;
-                        timers.set(key, (), delay(i));
-                        timers.remove(&key);
-                    }
-                }
-            }
-            let spent = thread_cpu_ns() - start;
-            drop(sleeps);
-            spent
-        })
-    };
-    let producer_ns = producer.join().unwrap();
+    for _ in 0..producers {
+        go_tx.send(()).unwrap();
+    }
+    let producer_ns: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
     runtime.block_on(wheel.flush());
     runtime.block_on(async { timers.len().await });
     let actor_ns = actor_cpu_ns(&name) - actor_before;
     drop((timers, expired));
     runtime.block_on(wheel.shutdown());
-    (
-        producer_ns as f64 / ops as f64,
-        actor_ns as f64 / ops as f64,
-    )
+    let made = (share * producers) as f64;
+    (producer_ns as f64 / made, actor_ns as f64 / made)
+}
+
+/// One producer's share of a run: `ops` operations of `pattern` on its own sleeps and on keys
+/// from `keys` on.
+fn produce(
+    pattern: Pattern,
+    ops: u64,
+    keys: u64,
+    wheel: &Wheel,
+    timers: &tokio_wheel::Timers<u64, ()>,
+    sleeps: &mut [Pin<Box<tokio_wheel::Sleep>>],
+) {
+    match pattern {
+        Pattern::Request => {
+            for i in 0..ops {
+                let mut sleep = wheel.sleep(delay(i));
+                poll_once(Pin::new(&mut sleep));
+            }
+        }
+        Pattern::SleepChurn => {
+            // Later on every reset, as a keep-alive deadline moves.
+            let base = Instant::now() + Duration::from_secs(120);
+            for i in 0..ops {
+                let sleep = &mut sleeps[(i % 1000) as usize];
+                sleep.as_mut().reset(base + Duration::from_micros(i));
+                poll_once(sleep.as_mut());
+            }
+        }
+        Pattern::SleepRandom => {
+            let now = Instant::now();
+            for i in 0..ops {
+                let sleep = &mut sleeps[(i % 1000) as usize];
+                sleep
+                    .as_mut()
+                    .reset(now + delay(i) + Duration::from_secs(60));
+                poll_once(sleep.as_mut());
+            }
+        }
+        Pattern::ByKeyReset => {
+            for i in 0..ops {
+                timers.reset(&(keys + i % 1000), delay(i));
+            }
+        }
+        Pattern::KeyedSetRemove => {
+            for i in 0..ops {
+                let key = keys + 1_000 + i;
+                timers.set(key, (), delay(i));
+                timers.remove(&key);
+            }
+        }
+    }
 }
 
 fn main() {
@@ -187,7 +221,7 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "| pattern ({ops} ops, median of {runs}, {shards} keyed shard(s)) | producer ns/op | actor ns/op | cores until the actor saturates |"
+        "| pattern ({ops} ops, median of {runs}, {shards} shard(s) and producer(s)) | producer ns/op | actor ns/op | cores until the actor saturates |"
     );
     println!("|---|---|---|---|");
     for pattern in [
