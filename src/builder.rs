@@ -194,7 +194,9 @@ impl Builder {
     /// a wheel firing a few timers per tick one more wake-up per tick per busy shard. Every
     /// promise holds as with one: a timer's commands apply in order, never early, shutdown
     /// resolves every timer, [`Wheel::flush`] waits for every shard, and the
-    /// [`Stats`](crate::Stats) add up over all of them.
+    /// [`Stats`](crate::Stats) add up over all of them. Deadline order holds per shard: two
+    /// timers of different shards due within a tick or so of each other may complete in
+    /// either order.
     ///
     /// `n` must be from 1 to 256 ([`BuildError::Shards`] otherwise).
     ///

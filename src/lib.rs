@@ -69,6 +69,13 @@
 //! runtime between them ([`Stats::commands`] counts what it took). Once empty and idle for a
 //! moment, it gives flood-sized memory back.
 //!
+//! **Several actors on many cores.** Sleeps and jobs run on [`Builder::timer_shards`] timer
+//! actors (by default one per two workers), each with its own pool, queues and cascade: a
+//! timer goes to the actor of the thread that registers it. Each keyed set runs
+//! [`Builder::shards`] actors (by default one per worker), keys spread by hash. One actor
+//! keeps up with a few producer cores making commands flat out; more actors raise that in
+//! proportion (BENCHMARKS.md, "cores until one actor saturates").
+//!
 //! **Floods are bounded by backpressure.** The commands waiting for an actor are at most
 //! about 2 × 256 Ki (the inbox's shards hold 256 Ki together, the actor's batch as many):
 //! tens of MiB at ~40 bytes a command, whatever producers on any number of threads do. A call

@@ -54,8 +54,9 @@ pub struct Stats {
     /// Keyed expirations sent but not yet read from their `Expirations` streams. Each costs
     /// its key, value and deadline in memory until read.
     pub expirations_backlog: u64,
-    /// Actor tasks running (one for sleeps and jobs, and one per shard of each keyed timer
-    /// set: [`Builder::shards`](crate::Builder::shards)).
+    /// Actor tasks running: one per timer shard for sleeps and jobs
+    /// ([`Builder::timer_shards`](crate::Builder::timer_shards)), and one per shard of each
+    /// keyed timer set ([`Builder::shards`](crate::Builder::shards)).
     pub actors: u64,
 }
 
