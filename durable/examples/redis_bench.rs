@@ -1,7 +1,10 @@
 //! The Redis-shared durable queue, measured phase by phase: schedule rate; throughput with 1
 //! and 4 workers, tasks arriving while they run ("immediate") and waiting before they start
 //! ("backlog"), at `SIZES` (default `TASKS` and 10 × `TASKS`); the producers' schedule rate
-//! while 1 or 4 workers run; `schedule_many` in batches of 1000; delayed-delivery lateness (and how many deliveries were early); Redis commands
+//! while 1 or 4 workers run; `TASKS` tasks due within the next 2 s while 1 or 4 workers run
+//! ("delayed"); `schedule_many` in batches of `MANY_BATCH` (default 50) from 16 producers;
+//! CPU per task for the schedule, immediate, delayed and schedule_many rows (redis-server's
+//! `INFO cpu` and this process's `getrusage`, `<row>_server_us`, `_client_us`, `_cpu_us`); delayed-delivery lateness (and how many deliveries were early); Redis commands
 //! per second while a worker idles; redelivery time after a worker is killed; and 10^5 tasks
 //! due within 2 s (the time until all are done). `benches/peers/run-redis-peers.sh` runs the same phases with apalis-redis on
 //! the same server and prints medians and ratios.
@@ -76,6 +79,46 @@ fn redis_command<T: redis::FromRedisValue>(url: &str, command: &mut redis::Cmd) 
 
 fn flush(url: &str) {
     let () = redis_command(url, &mut redis::cmd("FLUSHALL"));
+}
+
+/// CPU spent so far, in µs: redis-server's (`INFO cpu`, user + system) and this process's
+/// (`getrusage`, user + system, every thread).
+#[derive(Clone, Copy)]
+struct Cpu {
+    server_us: f64,
+    client_us: f64,
+}
+
+fn cpu(url: &str) -> Cpu {
+    let info: String = redis_command(url, redis::cmd("INFO").arg("cpu"));
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let server_us = (field("used_cpu_sys:") + field("used_cpu_user:")) * 1e6;
+    // SAFETY: `usage` is a valid rusage for the call to write.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Cpu {
+        server_us,
+        client_us: micros(usage.ru_utime) + micros(usage.ru_stime),
+    }
+}
+
+/// Prints `row`'s CPU per task since `before`: server, client and both.
+fn cpu_per_task(url: &str, row: &str, before: Cpu, tasks: usize) {
+    let after = cpu(url);
+    let server = (after.server_us - before.server_us) / tasks as f64;
+    let client = (after.client_us - before.client_us) / tasks as f64;
+    result(&format!("{row}_server_us"), format!("{server:.1}"));
+    result(&format!("{row}_client_us"), format!("{client:.1}"));
+    result(&format!("{row}_cpu_us"), format!("{:.1}", server + client));
 }
 
 fn commands_processed(url: &str) -> u64 {
@@ -203,8 +246,10 @@ async fn main() {
             .await
             .unwrap();
         let far = now_ms() + 3_600_000;
+        let before = cpu(&url);
         let elapsed = produce(&producer, count, Some(std::sync::Arc::new(move |_| far))).await;
         result("schedule_no_worker_per_s", rate(count, elapsed));
+        cpu_per_task(&url, "schedule_no_worker", before, count);
         wheel.shutdown().await;
     }
 
@@ -226,17 +271,49 @@ async fn main() {
                 worker(&url, &wheel, lease, &sender, false).await;
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
+            let before = cpu(&url);
             let start = Instant::now();
             let producing = {
                 let producer = producer.clone();
                 tokio::spawn(async move { produce(&producer, n, None).await })
             };
             let value = throughput(&mut done, n, start).await;
+            cpu_per_task(&url, &format!("immediate_{n}_w{workers}"), before, n);
             let produced = producing.await.unwrap();
             if size_index == 0 {
                 result(&format!("schedule_w{workers}_per_s"), rate(n, produced));
             }
             result(&format!("immediate_{n}_w{workers}_per_s"), value);
+            wheel.shutdown().await;
+        }
+
+        // Delayed: workers running, `count` tasks due over the next 2 s (task i at start +
+        // 2 s · i/n): the producers' rate, and CPU per task from the first schedule to the
+        // last ack.
+        if wanted("delayed") {
+            flush(&url);
+            let wheel = Wheel::new();
+            let producer = DurableQueue::builder()
+                .redis(&url, QUEUE, &wheel)
+                .await
+                .unwrap();
+            let (sender, mut done) = mpsc::unbounded_channel();
+            for _ in 0..workers {
+                worker(&url, &wheel, lease, &sender, false).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let before = cpu(&url);
+            let now = now_ms();
+            let spread = move |i: usize| now + (i as u64 * 2_000) / count as u64;
+            let produced = produce(&producer, count, Some(std::sync::Arc::new(spread))).await;
+            let row = format!("delayed_{count}_w{workers}");
+            match receive(&mut done, count, Duration::from_secs(120)).await {
+                Some(_) => {
+                    cpu_per_task(&url, &row, before, count);
+                    result(&format!("{row}_sched_per_s"), rate(count, produced));
+                }
+                None => result(&format!("{row}_sched_per_s"), "failed"),
+            }
             wheel.shutdown().await;
         }
 
@@ -388,7 +465,8 @@ async fn main() {
         wheel.shutdown().await;
     }
 
-    // schedule_many: the same far-ahead tasks in batches of 1000 from one producer.
+    // schedule_many: the same far-ahead tasks in batches of `MANY_BATCH` (default 50, as
+    // issue 30's row) from 16 producers.
     if wanted("schedule_many") {
         flush(&url);
         let wheel = Wheel::new();
@@ -396,19 +474,35 @@ async fn main() {
             .redis(&url, QUEUE, &wheel)
             .await
             .unwrap();
+        let batch = env("MANY_BATCH", 50).max(1);
         let far = now_ms() + 3_600_000;
+        let before = cpu(&url);
         let start = Instant::now();
-        let mut left = count;
-        while left > 0 {
-            let batch = left.min(1_000);
-            left -= batch;
-            let tasks = (0..batch)
-                .map(|_| Task::new(payload(far)).at(UNIX_EPOCH + Duration::from_millis(far)));
-            for outcome in producer.schedule_many(tasks).await.expect("schedule_many") {
-                outcome.expect("scheduled");
-            }
+        let producers: Vec<_> = (0..16)
+            .map(|p| {
+                let producer = producer.clone();
+                tokio::spawn(async move {
+                    let mine: Vec<usize> = (p..count).step_by(16).collect();
+                    for chunk in mine.chunks(batch) {
+                        let tasks = chunk.iter().map(|_| {
+                            Task::new(payload(far)).at(UNIX_EPOCH + Duration::from_millis(far))
+                        });
+                        for outcome in producer.schedule_many(tasks).await.expect("schedule_many")
+                        {
+                            outcome.expect("scheduled");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for producer in producers {
+            producer.await.unwrap();
         }
-        result("schedule_many_per_s", rate(count, start.elapsed()));
+        result(
+            &format!("schedule_many_{batch}_per_s"),
+            rate(count, start.elapsed()),
+        );
+        cpu_per_task(&url, &format!("schedule_many_{batch}"), before, count);
         wheel.shutdown().await;
     }
 }

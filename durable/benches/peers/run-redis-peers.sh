@@ -7,7 +7,9 @@
 #   ONLY=immediate,at_once bash durable/benches/peers/run-redis-peers.sh   # the rate table's rows
 #   ROUNDS=1 TASKS=2000 SIZES=2000 AT_ONCE=5000 bash durable/benches/peers/run-redis-peers.sh
 #
-# Rows: schedule_w{1,4}_per_s (16 producers' own rate while 1 or 4 workers consume),
+# Rows (each with _server_us, _client_us and _cpu_us: CPU per task, redis-server's INFO cpu
+# and the peer process's getrusage): delayed_{TASKS}_w{1,4} (TASKS tasks due over the next
+# 2 s while 1 or 4 workers run: _sched_per_s is the producers' rate), schedule_w{1,4}_per_s (16 producers' own rate while 1 or 4 workers consume),
 # immediate_{n}_w{W}_per_s (n tasks scheduled due now by 16 producers, W workers running,
 # first schedule to last ack; n in SIZES, default TASKS and 10 × TASKS),
 # due_within_2s_{AT_ONCE}_done_s (AT_ONCE tasks due over the next 2 s, 4 workers: seconds
@@ -26,19 +28,25 @@ CARGO_TARGET_DIR="$target/peers" cargo build --release --manifest-path durable/b
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 data=$(mktemp -d)
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$data" >/dev/null &
+# PIN=1 (default with 2+ cores): redis-server on CPU 0 and each peer's process on CPU 1, as
+# on a server of its own (issue 30's measurement); PIN=0 lets the kernel place them.
+pin_server=() pin_peer=()
+if [ "${PIN:-1}" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+    pin_server=(taskset -c 0) pin_peer=(taskset -c 1)
+fi
+"${pin_server[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$data" >/dev/null &
 server=$!
 trap 'kill $server 2>/dev/null; rm -rf "$data"' EXIT
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 export REDIS_URL="redis://127.0.0.1:$port/"
-echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on port $port; $ROUNDS rounds; TASKS=$TASKS AT_ONCE=$AT_ONCE" >&2
+echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on port $port; $ROUNDS rounds; TASKS=$TASKS AT_ONCE=$AT_ONCE; pinned: ${pin_server[*]:-no} / ${pin_peer[*]:-no}" >&2
 
 results=$(mktemp)
 for round in $(seq "$ROUNDS"); do
     echo "round $round: tokio-wheel" >&2
-    "$target/release/examples/redis_bench" | sed -n 's/^RESULT /tokio-wheel /p' >>"$results"
+    "${pin_peer[@]}" "$target/release/examples/redis_bench" | sed -n 's/^RESULT /tokio-wheel /p' >>"$results"
     echo "round $round: apalis-redis" >&2
-    "$target/peers/release/apalis-peer" | sed -n 's/^RESULT /apalis /p' >>"$results"
+    "${pin_peer[@]}" "$target/peers/release/apalis-peer" | sed -n 's/^RESULT /apalis /p' >>"$results"
 done
 
 python3 - "$results" <<'PY'
@@ -77,6 +85,9 @@ for metric in metrics:
         elif metric.startswith(lower_is_better):
             a, b = abs(ours), abs(theirs)
             ratio = "better" if a < b else ("equal" if a == b else "worse")
+        elif metric.endswith('_us') and theirs:
+            # CPU per task: ours over theirs, lower is better (issue 30: ≤ 0.67×).
+            ratio = f"{ours / theirs:.2f}× CPU"
         elif theirs:
             ratio = f"{ours / theirs:.2f}×"
     fmt = lambda v: f"{v:g}" if isinstance(v, float) else v

@@ -76,6 +76,41 @@ async fn flush(url: &str) {
         .unwrap();
 }
 
+/// CPU spent so far, in µs: redis-server's (`INFO cpu`, user + system) and this process's
+/// (`getrusage`, user + system, every thread), as tokio-wheel's `redis_bench` reads them.
+#[derive(Clone, Copy)]
+struct Cpu {
+    server_us: f64,
+    client_us: f64,
+}
+
+async fn cpu(url: &str) -> Cpu {
+    let mut connection = apalis_redis::connect(url).await.unwrap();
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut connection).await.unwrap();
+    let field = |name: &str| -> f64 {
+        info.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    let server_us = (field("used_cpu_sys:") + field("used_cpu_user:")) * 1e6;
+    // SAFETY: `usage` is a valid rusage for the call to write.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Cpu { server_us, client_us: micros(usage.ru_utime) + micros(usage.ru_stime) }
+}
+
+/// Prints `row`'s CPU per task since `before`: server, client and both.
+async fn cpu_per_task(url: &str, row: &str, before: Cpu, tasks: usize) {
+    let after = cpu(url).await;
+    let server = (after.server_us - before.server_us) / tasks as f64;
+    let client = (after.client_us - before.client_us) / tasks as f64;
+    result(&format!("{row}_server_us"), format!("{server:.1}"));
+    result(&format!("{row}_client_us"), format!("{client:.1}"));
+    result(&format!("{row}_cpu_us"), format!("{:.1}", server + client));
+}
+
 async fn commands_processed(url: &str) -> u64 {
     let mut connection = apalis_redis::connect(url).await.unwrap();
     let info: String = redis::cmd("INFO")
@@ -202,8 +237,10 @@ async fn main() {
     if wanted("schedule") {
         flush(&url).await;
         let far = now_ms() + 3_600_000;
+        let before = cpu(&url).await;
         let elapsed = produce(&url, count, Some(Arc::new(move |_| far))).await;
         result("schedule_no_worker_per_s", rate(count, elapsed));
+        cpu_per_task(&url, "schedule_no_worker", before, count).await;
     }
 
     for workers in [1, 4] {
@@ -220,17 +257,46 @@ async fn main() {
                 phase.worker(&url, &sender, false);
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
+            let before = cpu(&url).await;
             let start = Instant::now();
             let producing = tokio::spawn({
                 let url = url.clone();
                 async move { produce(&url, n, None).await }
             });
             let ok = receive(&mut done, n, Duration::from_secs(120)).await.is_some();
+            let elapsed = start.elapsed();
+            cpu_per_task(&url, &format!("immediate_{n}_w{workers}"), before, n).await;
             let produced = producing.await.unwrap();
             if size_index == 0 {
                 result(&format!("schedule_w{workers}_per_s"), rate(n, produced));
             }
-            result(&format!("immediate_{n}_w{workers}_per_s"), if ok { rate(n, start.elapsed()) } else { "failed".into() });
+            result(&format!("immediate_{n}_w{workers}_per_s"), if ok { rate(n, elapsed) } else { "failed".into() });
+            phase.end();
+        }
+
+        // Delayed: workers running, `count` jobs due over the next 2 s (job i at start +
+        // 2 s · i/n, whole seconds as apalis takes them): the producers' rate, and CPU per
+        // job from the first schedule to the last one done.
+        if wanted("delayed") {
+            flush(&url).await;
+            let phase = Phase::new();
+            let (sender, mut done) = mpsc::unbounded_channel();
+            for _ in 0..workers {
+                phase.worker(&url, &sender, false);
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let before = cpu(&url).await;
+            let now = now_ms();
+            let spread = move |i: usize| now + (i as u64 * 2_000) / count as u64;
+            let produced = produce(&url, count, Some(Arc::new(spread))).await;
+            let row = format!("delayed_{count}_w{workers}");
+            match receive(&mut done, count, Duration::from_secs(120)).await {
+                Some(_) => {
+                    cpu_per_task(&url, &row, before, count).await;
+                    result(&format!("{row}_sched_per_s"), rate(count, produced));
+                }
+                None => result(&format!("{row}_sched_per_s"), "failed"),
+            }
             phase.end();
         }
 
