@@ -34,16 +34,26 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    /// Most invocations of one flusher in flight at once. Schedules: one, so calls that
-    /// arrive while it runs make the next batch (measured with 16 producers, most invocations
-    /// carried a single task when four could be in flight, and each invocation costs the
-    /// server far more than a task in it). Finishes: four, pipelined on the connection; a
-    /// worker's acks come in bursts of its claims anyway. Concurrent calls carry no order
-    /// between them; `schedule_many`, which does, sends its chunks itself, one at a time.
+    /// Most invocations of one flusher in flight at once, pipelined on the connection.
+    /// Concurrent calls carry no order between them; `schedule_many`, which does, sends its
+    /// chunks itself, one at a time.
     fn in_flight(self) -> usize {
+        4
+    }
+
+    /// Entries that must wait before another invocation goes while one runs. Schedules:
+    /// eight. With one invocation at a time, 16 producers split into two groups of ~8 that
+    /// took turns, each waiting a whole round trip for the other's (issue 30's peer table,
+    /// redis-server on a core of its own: 21–24 k tasks/s); letting a group of 8 go at once
+    /// raised the immediate rows to 28–35 k/s and, with more tasks waiting per claim, cut
+    /// the server's CPU per task from ~35–39 to ~25–28 µs. Fewer than 8 would split batches
+    /// into invocations of one or two tasks, each costing the server far more than a task in
+    /// it (measured with four in flight and no threshold: most invocations carried one
+    /// task). Finishes: one (a worker's acks come in bursts of its claims anyway).
+    fn extra_batch(self) -> usize {
         match self {
-            Kind::Schedule => 1,
-            Kind::Finish => 4,
+            Kind::Schedule => 8,
+            Kind::Finish => 1,
         }
     }
 }
@@ -209,44 +219,45 @@ impl Shared {
     }
 }
 
-/// Sends what waits in bounded batches, at most [`Kind::in_flight`] invocations at a time
-/// (they pipeline on the multiplexed connection), until the queue is gone.
+/// Sends what waits in bounded batches (they pipeline on the multiplexed connection), until
+/// the queue is gone: one invocation whenever none is running, and more, up to
+/// [`Kind::in_flight`], once at least [`Kind::extra_batch`] entries wait — so a quiet queue
+/// sends each call at once, and a busy one neither waits a whole round trip per batch nor
+/// splits into invocations of one entry.
 async fn flusher(
     shared: Weak<Shared>,
     kind: Kind,
     part: usize,
     mut entries: mpsc::UnboundedReceiver<Entry>,
 ) {
-    let mut carried: Option<Entry> = None;
+    let mut queued: std::collections::VecDeque<Entry> = std::collections::VecDeque::new();
     let mut running = FuturesUnordered::new();
     let mut open = true;
     loop {
-        let in_flight = kind.in_flight();
-        let room = running.len() < in_flight;
-        tokio::select! {
-            Some((waiting, result)) = running.next(), if !running.is_empty() => {
-                answer(kind, waiting, result);
-            }
-            first = entries.recv(), if room && open && carried.is_none() => match first {
-                Some(entry) => carried = Some(entry),
-                None => open = false,
-            },
-            () = std::future::ready(()), if room && carried.is_some() => {}
-            else => return,
+        while let Ok(entry) = entries.try_recv() {
+            queued.push_back(entry);
         }
-        let Some(first) = (if running.len() < in_flight {
-            carried.take()
-        } else {
-            None
-        }) else {
+        let send = !queued.is_empty()
+            && running.len() < kind.in_flight()
+            && (running.is_empty() || queued.len() >= kind.extra_batch());
+        if !send {
+            tokio::select! {
+                Some((waiting, result)) = running.next(), if !running.is_empty() => {
+                    answer(kind, waiting, result);
+                }
+                entry = entries.recv(), if open => match entry {
+                    Some(entry) => queued.push_back(entry),
+                    None => open = false,
+                },
+                else => return,
+            }
             continue;
-        };
-        let mut bytes = first.bytes();
-        let mut batch = vec![first];
-        while batch.len() < BATCH {
-            let Ok(entry) = entries.try_recv() else { break };
-            if bytes + entry.bytes() > BATCH_BYTES {
-                carried = Some(entry);
+        }
+        let mut bytes = 0;
+        let mut batch = Vec::new();
+        while let Some(entry) = queued.pop_front() {
+            if !batch.is_empty() && (batch.len() >= BATCH || bytes + entry.bytes() > BATCH_BYTES) {
+                queued.push_front(entry);
                 break;
             }
             bytes += entry.bytes();
