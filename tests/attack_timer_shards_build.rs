@@ -182,3 +182,96 @@ fn own_thread_refuses_a_paused_clock_with_timer_shards() {
         );
     });
 }
+
+#[test]
+fn default_timer_shards_are_one_per_two_workers_rounded_up() {
+    for (workers, expected) in [(1usize, 1u64), (2, 1), (3, 2), (4, 2), (5, 3)] {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .unwrap();
+        let wheel = runtime.block_on(async { Wheel::new() });
+        assert_eq!(wheel.stats().actors, expected, "{workers} workers");
+        // Named from elsewhere (a current-thread runtime's context): counts the named one's.
+        let named = current_thread().block_on(async {
+            Wheel::builder()
+                .runtime(runtime.handle().clone())
+                .build()
+                .stats()
+                .actors
+        });
+        assert_eq!(named, expected, "{workers} workers, named");
+        runtime.block_on(wheel.shutdown());
+    }
+    let runtime = current_thread();
+    let actors = runtime.block_on(async { Wheel::new().stats().actors });
+    assert_eq!(actors, 1);
+}
+
+#[test]
+fn two_hundred_fifty_six_timer_shards_all_lanes_in_use() {
+    let runtime = current_thread();
+    let wheel = runtime.block_on(async { Wheel::builder().timer_shards(256).build() });
+    let early = Arc::new(AtomicUsize::new(0));
+    let start = runtime.block_on(async { Instant::now() });
+    // 300 threads: every lane gets one, several get two.
+    let made: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> =
+            (0..300u64)
+                .map(|i| {
+                    let (wheel, handle) = (wheel.clone(), runtime.handle().clone());
+                    scope.spawn(move || {
+                        let _entered = handle.enter();
+                        let mut sleep = wheel.sleep_until(start + Duration::from_millis(200));
+                        assert!(
+                            futures::FutureExt::poll_unpin(
+                                &mut sleep,
+                                &mut std::task::Context::from_waker(std::task::Waker::noop())
+                            )
+                            .is_pending()
+                        );
+                        let due = start + Duration::from_millis(1 + i % 9);
+                        let job = wheel.spawn_at(start + Duration::from_secs(60), async move {
+                            Instant::now()
+                        });
+                        (sleep, job, due)
+                    })
+                })
+                .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    runtime.block_on(async {
+        let mut waits = Vec::new();
+        for (mut sleep, job, due) in made {
+            // Moved earlier from this thread (a command to the lane that filed it).
+            std::pin::Pin::new(&mut sleep).reset(due);
+            assert!(job.reschedule(due));
+            let early = early.clone();
+            waits.push(tokio::spawn(async move {
+                sleep.await;
+                if Instant::now() < due {
+                    early.fetch_add(1, Ordering::SeqCst);
+                }
+                let ran = job.await.unwrap();
+                if ran < due {
+                    early.fetch_add(1, Ordering::SeqCst);
+                }
+            }));
+        }
+        for wait in waits {
+            tokio::time::timeout(Duration::from_secs(60), wait)
+                .await
+                .expect("hung")
+                .unwrap();
+        }
+        wheel.flush().await;
+        let stats = wheel.stats();
+        assert_eq!(stats.inserted, 600, "{stats:?}");
+        assert_eq!(stats.fired, 600, "{stats:?}");
+        assert_eq!(stats.pending, 0, "{stats:?}");
+        assert_eq!(stats.actors, 256, "{stats:?}");
+        wheel.shutdown().await;
+    });
+    assert_eq!(early.load(Ordering::SeqCst), 0);
+}

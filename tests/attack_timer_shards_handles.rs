@@ -159,7 +159,11 @@ async fn sleeps_dropped_on_other_threads_never_fire_and_counts_add_up() {
     on_thread(move || drop(sleeps));
     on_thread(move || drop(late));
     tokio::time::sleep(ms(30)).await;
-    assert_eq!(woken.load(Ordering::SeqCst), 0, "a dropped sleep woke its task");
+    assert_eq!(
+        woken.load(Ordering::SeqCst),
+        0,
+        "a dropped sleep woke its task"
+    );
     wheel.flush().await;
     let stats = wheel.stats();
     assert_eq!(stats.fired, 0, "{stats:?}");

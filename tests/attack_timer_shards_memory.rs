@@ -18,7 +18,7 @@ static ALLOCATOR: Counting = Counting;
 
 /// Memory a quiet wheel may keep beyond the baseline (as `tests/idle_memory.rs`).
 const SLACK: isize = 1 << 20;
-const HANG: Duration = Duration::from_secs(30);
+const HANG: Duration = Duration::from_secs(10);
 
 /// One heap: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -69,8 +69,10 @@ fn flood(runtime: &tokio::runtime::Runtime, wheel: &Wheel, threads: usize, per_t
 
 use std::future::Future;
 
-fn flood_then_idle(shards: usize) -> (isize, isize) {
-    let _serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+fn flood_then_idle(shards: usize, threads: usize, warm: bool, per_thread: usize) -> (isize, isize) {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -80,13 +82,16 @@ fn flood_then_idle(shards: usize) -> (isize, isize) {
         .runtime(runtime.handle().clone())
         .timer_shards(shards)
         .build();
-    // A small warm-up on every thread count, so that the baseline is a wheel that has been
-    // used a little (as an application's would be), not a pristine one.
-    flood(&runtime, &wheel, 8, 8);
-    runtime.block_on(wheel.flush());
+    // With `warm`, a small warm-up from as many threads first, so that the baseline is a
+    // wheel that has been used a little (as an application's would be); without, the baseline
+    // is the wheel just built (as `tests/idle_memory.rs` takes it).
+    if warm {
+        flood(&runtime, &wheel, threads, 8);
+        runtime.block_on(wheel.flush());
+    }
     std::thread::sleep(Duration::from_millis(400));
     let baseline = LIVE.load(Ordering::Relaxed);
-    flood(&runtime, &wheel, 8, 25_000);
+    flood(&runtime, &wheel, threads, per_thread);
     let peak = LIVE.load(Ordering::Relaxed) - baseline;
     runtime.block_on(wheel.flush());
     let stats = wheel.stats();
@@ -100,7 +105,7 @@ fn flood_then_idle(shards: usize) -> (isize, isize) {
 
 #[test]
 fn one_timer_shard_gives_a_flood_back() {
-    let (peak, retained) = flood_then_idle(1);
+    let (peak, retained) = flood_then_idle(1, 8, true, 20_000);
     assert!(
         retained < SLACK,
         "1 shard: {retained} bytes retained once idle (peak {peak})"
@@ -109,7 +114,7 @@ fn one_timer_shard_gives_a_flood_back() {
 
 #[test]
 fn four_timer_shards_give_a_flood_back() {
-    let (peak, retained) = flood_then_idle(4);
+    let (peak, retained) = flood_then_idle(4, 8, true, 20_000);
     assert!(
         retained < SLACK,
         "4 shards: {retained} bytes retained once idle (peak {peak})"
@@ -118,9 +123,34 @@ fn four_timer_shards_give_a_flood_back() {
 
 #[test]
 fn eight_timer_shards_give_a_flood_back() {
-    let (peak, retained) = flood_then_idle(8);
+    let (peak, retained) = flood_then_idle(8, 8, true, 20_000);
     assert!(
         retained < SLACK,
         "8 shards: {retained} bytes retained once idle (peak {peak})"
+    );
+}
+
+/// Every timer shard that a flood reached keeps its pool's first segments and wheel nodes
+/// once idle (~70–110 KiB each, measured: 16 shards keep ~1.2–1.8 MiB, 64 shards ~6.8 MiB,
+/// against ~0.1 MiB for one shard taking the same flood), while `Builder::timer_shards` says
+/// each shard "costs an idle wheel a few KiB" and API.md says the memory returns to the
+/// baseline. A default wheel on a 32-worker runtime has 16 timer shards.
+#[test]
+#[ignore = "BUG: after a flood each timer shard keeps ~100 KiB for good: 32 shards keep ~4 MiB once idle"]
+fn thirty_two_timer_shards_give_a_flood_back() {
+    let (peak, retained) = flood_then_idle(32, 32, false, 10_000);
+    assert!(
+        retained < SLACK,
+        "32 shards: {retained} bytes retained once idle (peak {peak})"
+    );
+}
+
+/// The same flood on one timer shard, from a wheel just built: back under the slack.
+#[test]
+fn one_timer_shard_from_a_fresh_wheel_gives_a_32_thread_flood_back() {
+    let (peak, retained) = flood_then_idle(1, 32, false, 10_000);
+    assert!(
+        retained < SLACK,
+        "1 shard: {retained} bytes retained once idle (peak {peak})"
     );
 }

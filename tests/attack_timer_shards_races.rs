@@ -65,7 +65,11 @@ fn reset_later_on_another_thread_racing_the_old_firing_is_never_early() {
     for thread in threads {
         thread.join().unwrap();
     }
-    assert_eq!(early.load(Ordering::SeqCst), 0, "a moved sleep completed early");
+    assert_eq!(
+        early.load(Ordering::SeqCst),
+        0,
+        "a moved sleep completed early"
+    );
     runtime.block_on(async {
         tokio::time::timeout(HANG, wheel.flush())
             .await
@@ -87,8 +91,7 @@ fn reset_after_completion_on_another_thread_completes_at_the_new_deadline() {
     let early = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..THREADS)
         .map(|index| {
-            let (wheel, handle, early) =
-                (wheel.clone(), runtime.handle().clone(), early.clone());
+            let (wheel, handle, early) = (wheel.clone(), runtime.handle().clone(), early.clone());
             std::thread::spawn(move || {
                 let _entered = handle.enter();
                 let mut rng = Rng(index as u64 + 7);
@@ -116,7 +119,11 @@ fn reset_after_completion_on_another_thread_completes_at_the_new_deadline() {
     for thread in threads {
         thread.join().unwrap();
     }
-    assert_eq!(early.load(Ordering::SeqCst), 0, "a re-armed sleep completed early");
+    assert_eq!(
+        early.load(Ordering::SeqCst),
+        0,
+        "a re-armed sleep completed early"
+    );
     runtime.block_on(async {
         tokio::time::timeout(HANG, wheel.flush())
             .await

@@ -53,7 +53,8 @@ fn shutdown_while_threads_keep_registering_resolves_everything() {
     let started = Arc::new(Barrier::new(THREADS + 1));
     let threads: Vec<_> = (0..THREADS)
         .map(|_| {
-            let (wheel, handle, started) = (wheel.clone(), runtime.handle().clone(), started.clone());
+            let (wheel, handle, started) =
+                (wheel.clone(), runtime.handle().clone(), started.clone());
             std::thread::spawn(move || {
                 let _entered = handle.enter();
                 let mut made = Made {
@@ -184,7 +185,10 @@ fn runtime_dropped_with_timers_pending_on_every_shard() {
     assert_eq!(poll_once(&mut sleep), Poll::Ready(()));
     let job = wheel.spawn_after(Duration::from_secs(5), async { 1 });
     assert!(job.is_finished());
-    assert_eq!(block_on_guarded("job on a stopped wheel", job), Err(JobError::Shutdown));
+    assert_eq!(
+        block_on_guarded("job on a stopped wheel", job),
+        Err(JobError::Shutdown)
+    );
     block_on_guarded("flush on a stopped wheel", wheel.flush());
     block_on_guarded("shutdown on a stopped wheel", wheel.shutdown());
     let (timers, _expired) = wheel.keyed::<u32, u32>();
@@ -228,7 +232,11 @@ fn every_shard_exits_on_its_own_after_its_detached_jobs_fire() {
     wait_until("every actor and job task to end", || {
         runtime.metrics().num_alive_tasks() == 0
     });
-    assert_eq!(ran.load(Ordering::SeqCst), 5 * THREADS, "a detached job never ran");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        5 * THREADS,
+        "a detached job never ran"
+    );
     assert!(!early.load(Ordering::SeqCst), "a detached job ran early");
 }
 
@@ -273,4 +281,54 @@ async fn paused_shutdown_resolves_every_lane_and_interval_streams_end() {
             "shards {shards}: {stats:?}"
         );
     }
+}
+
+#[test]
+fn the_actors_runtime_dropped_wakes_tasks_waiting_on_every_lane_elsewhere() {
+    // The wheel's actors and jobs on `actors`; the waiting tasks on `users`, another runtime.
+    let actors = two_workers();
+    let users = two_workers();
+    let wheel = Wheel::builder()
+        .runtime(actors.handle().clone())
+        .timer_shards(4)
+        .build();
+    let registered = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (wheel, registered) = (wheel.clone(), registered.clone());
+            users.spawn(async move {
+                let far = Duration::from_secs(3_600);
+                let periodic =
+                    wheel.spawn_every(far, tokio_wheel::Schedule::FixedRate, || async {});
+                let job = wheel.spawn_after(far, async { 1 });
+                let mut sleep = std::pin::pin!(wheel.sleep(far));
+                let timeout = wheel.timeout(far, std::future::pending::<()>());
+                let mut timeout = std::pin::pin!(timeout);
+                // Registered on this worker's lane before counting in.
+                assert!(futures::poll!(sleep.as_mut()).is_pending());
+                assert!(futures::poll!(timeout.as_mut()).is_pending());
+                registered.fetch_add(1, Ordering::SeqCst);
+                sleep.await;
+                let elapsed = timeout.await.unwrap_err();
+                assert!(elapsed.is_shutdown(), "task {i}");
+                assert_eq!(job.await, Err(JobError::Shutdown), "task {i}");
+                assert_eq!(periodic.await, Err(JobError::Shutdown), "task {i}");
+            })
+        })
+        .collect();
+    wait_until("every task registered", || {
+        registered.load(Ordering::SeqCst) == 32
+    });
+    drop(actors);
+    users.block_on(async {
+        for task in tasks {
+            tokio::time::timeout(HANG, task)
+                .await
+                .expect("a task waiting on the wheel hung after its runtime went")
+                .unwrap();
+        }
+    });
+    let stats = wheel.stats();
+    assert_eq!(stats.actors, 0, "{stats:?}");
+    assert_eq!(stats.pending, 0, "{stats:?}");
 }
