@@ -190,8 +190,10 @@ impl Builder {
     /// One actor keeps up with the commands of a few producer cores when sleeps move to
     /// random deadlines (an earlier deadline is a command; a later one, and a sleep armed and
     /// dropped per request, cost the actor next to nothing): BENCHMARKS.md measures where.
-    /// More shards raise that ceiling in proportion; each costs an idle wheel a few KiB, and
-    /// a wheel firing a few timers per tick one more wake-up per tick per busy shard. Every
+    /// More shards raise that ceiling in proportion. They share one allowance of idle
+    /// memory (what the pools keep once idle stays within ~128 KiB over all shards, however
+    /// many); a wheel firing a few timers per tick pays one more wake-up per tick per busy
+    /// shard. Every
     /// promise holds as with one: a timer's commands apply in order, never early, shutdown
     /// resolves every timer, [`Wheel::flush`] waits for every shard, and the
     /// [`Stats`](crate::Stats) add up over all of them. Deadline order holds per shard: two
@@ -297,7 +299,8 @@ impl Builder {
             .map(|_| {
                 let inbox = Arc::new(Inbox::new(queues).with_actor_on(&shared.actors));
                 let pool = Arc::new(Pool::default());
-                let machine = TimerMachine::new(pool.clone(), &shared.levels, clock, queues);
+                let machine =
+                    TimerMachine::new(pool.clone(), timer_shards, &shared.levels, clock, queues);
                 Actor::new(machine, inbox.clone(), shared.clone()).spawn("timers");
                 Lane { inbox, pool }
             })

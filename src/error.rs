@@ -22,7 +22,9 @@ pub enum BuildError {
     /// The wheel's own thread or its runtime could not be started; the message is the
     /// operating system's.
     Thread(String),
-    /// [`Builder::shards`](crate::Builder::shards) outside 1 to 256: the number given.
+    /// [`Builder::shards`](crate::Builder::shards) or
+    /// [`Builder::timer_shards`](crate::Builder::timer_shards) outside 1 to 256: the number
+    /// given.
     Shards(usize),
 }
 
@@ -46,7 +48,9 @@ impl fmt::Display for BuildError {
             BuildError::Thread(why) => write!(f, "could not start the wheel's own thread: {why}"),
             BuildError::Shards(n) => write!(
                 f,
-                "a keyed set runs from 1 to 256 shards (Builder::shards), not {n}"
+                "a shard count runs from 1 to 256, not {n}: see Builder::timer_shards (sleeps \
+                 and jobs) and Builder::shards (keyed sets, and sleeps and jobs unless \
+                 timer_shards is given)"
             ),
         }
     }

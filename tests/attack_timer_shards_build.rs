@@ -56,7 +56,6 @@ fn zero_and_257_timer_shards_are_refused() {
 }
 
 #[test]
-#[ignore = "BUG: BuildError::Shards for a bad timer_shards(n) says 'a keyed set ... (Builder::shards)', not what to change"]
 fn the_shards_error_for_timer_shards_names_timer_shards() {
     // API.md: "BuildError for: ... — each message says what to change". The user set only
     // `timer_shards(0)`; the message must point there, not at keyed sets / `Builder::shards`.

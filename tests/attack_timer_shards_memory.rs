@@ -136,7 +136,6 @@ fn eight_timer_shards_give_a_flood_back() {
 /// each shard "costs an idle wheel a few KiB" and API.md says the memory returns to the
 /// baseline. A default wheel on a 32-worker runtime has 16 timer shards.
 #[test]
-#[ignore = "BUG: after a flood each timer shard keeps ~100 KiB for good: 32 shards keep ~4 MiB once idle"]
 fn thirty_two_timer_shards_give_a_flood_back() {
     let (peak, retained) = flood_then_idle(32, 32, false, 10_000);
     assert!(

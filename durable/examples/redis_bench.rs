@@ -487,8 +487,7 @@ async fn main() {
                         let tasks = chunk.iter().map(|_| {
                             Task::new(payload(far)).at(UNIX_EPOCH + Duration::from_millis(far))
                         });
-                        for outcome in producer.schedule_many(tasks).await.expect("schedule_many")
-                        {
+                        for outcome in producer.schedule_many(tasks).await.expect("schedule_many") {
                             outcome.expect("scheduled");
                         }
                     }

@@ -300,7 +300,7 @@ impl<M: Machine> Actor<M> {
             }
             self.delta.wakeups += 1;
             let (took, worked) = self.turn().await;
-            self.publish();
+            self.publish(worked);
             let idle = self.machine.len() == 0;
             if (self.inbox.senders_gone() && (idle || self.machine.abandoned()))
                 || (idle && self.machine.cannot_grow())
@@ -505,8 +505,17 @@ impl<M: Machine> Actor<M> {
         self.delta.fired + self.delta.cancelled
     }
 
-    /// Merges the turn's counters and lets the machine answer barriers and trim memory.
-    fn publish(&mut self) {
+    /// Merges the turn's counters and lets the machine answer barriers and trim memory;
+    /// `worked`: the turn took commands or fired.
+    fn publish(&mut self, worked: bool) {
+        if worked && self.idle_since == Some(u64::MAX) && !self.release_blocked {
+            // Memory was given back before: a new burst may have taken more since. Without
+            // this, a burst applied and finished within one turn (filed, fired and released
+            // before the turn's end, so never seen as busy) kept what it grew for good
+            // (outside attack: one of eight timer shards kept 1.3 MB). A blocked release is
+            // retried as the slots it waits for come back, below.
+            self.idle_since = None;
+        }
         // Read before the merge empties it: timers fired this turn.
         let fired = self.delta.fired;
         let pending = self.machine.len();
@@ -613,7 +622,7 @@ impl<M: Machine> Actor<M> {
             delta: &mut self.delta,
         };
         while self.machine.shut_down_some(usize::MAX, &mut ctx) > 0 {}
-        self.publish();
+        self.publish(false);
     }
 }
 

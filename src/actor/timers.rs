@@ -29,7 +29,8 @@ use crate::timer::pool::Pool;
 use crate::timer::shared::Shared;
 use crate::timer::state::{Due, State};
 
-/// Pool slots an idle wheel keeps; the rest is given back after a burst.
+/// Pool slots an idle wheel keeps over all its timer lanes (each keeps its share); the rest
+/// is given back after a burst.
 const RETAINED_SLOTS: u32 = 4 * 1024;
 
 /// What handles ask of a timer actor.
@@ -76,6 +77,10 @@ struct FiledJob {
 pub(crate) struct TimerMachine {
     /// The shared state of this lane's timers.
     pool: Arc<Pool>,
+    /// Pool slots this lane keeps once idle: its share of [`RETAINED_SLOTS`] (with more than
+    /// four lanes, less than a segment: an idle lane then gives back every segment, so a
+    /// wheel's idle memory does not grow with its lanes).
+    retained: u32,
     timeline: Timeline,
     jobs: HashMap<u32, FiledJob>,
     /// Slots to give back, per inbox shard.
@@ -91,9 +96,17 @@ pub(crate) struct TimerMachine {
 }
 
 impl TimerMachine {
-    pub(crate) fn new(pool: Arc<Pool>, levels: &[u32], clock: Clock, shards: usize) -> Self {
+    /// The machine of one of `lanes` timer lanes, whose inbox has `shards` shards.
+    pub(crate) fn new(
+        pool: Arc<Pool>,
+        lanes: usize,
+        levels: &[u32],
+        clock: Clock,
+        shards: usize,
+    ) -> Self {
         TimerMachine {
             pool,
+            retained: RETAINED_SLOTS / lanes.max(1) as u32,
             timeline: Timeline::new(levels, clock),
             jobs: HashMap::new(),
             freed: vec![Vec::new(); shards],
@@ -291,7 +304,7 @@ impl Machine for TimerMachine {
             || self
                 .blocked_at
                 .is_none_or(|at| self.returned - at >= u64::from(RETAINED_SLOTS));
-        (self.pool.capacity() > RETAINED_SLOTS && worth_a_pass)
+        (self.pool.capacity() > self.retained && worth_a_pass)
             || self.jobs.capacity() > 2 * self.jobs.len() + 64
             || self
                 .freed
@@ -302,7 +315,7 @@ impl Machine for TimerMachine {
     fn sparse(&self, _shared: &Shared) -> bool {
         // Most of the pool unused: a flood is over but some timers outlive it.
         let capacity = self.pool.capacity();
-        capacity > RETAINED_SLOTS && (self.timeline.len() as u64) * 4 < u64::from(capacity)
+        capacity > self.retained && (self.timeline.len() as u64) * 4 < u64::from(capacity)
     }
 
     fn release_memory(&mut self, inbox: &Inbox<Command>, _shared: &Arc<Shared>) -> bool {
@@ -311,18 +324,18 @@ impl Machine for TimerMachine {
         }
         let mut all = true;
         let pool = &self.pool;
-        if pool.capacity() > RETAINED_SLOTS {
+        if pool.capacity() > self.retained {
             // From here until every segment has gone, handles release fired sleeps through
             // the actor, which sees them come back and tries again (see `Inbox::give_back`).
             inbox.watch_returns(true);
-            let keep = Pool::segments_within(RETAINED_SLOTS);
+            let keep = Pool::segments_within(self.retained);
             let released = inbox.release_segments(pool, &mut self.freed, keep);
             if !released.is_empty() {
                 tracing::debug!(capacity = pool.capacity(), "timer pool shrunk");
             }
             // Segments still held (by long timers, a fired job's handle, a sleep that completed
             // and was not dropped) can go once their slots come back.
-            all = pool.capacity() <= RETAINED_SLOTS;
+            all = pool.capacity() <= self.retained;
             self.blocked_at = (!all).then_some(self.returned);
         }
         inbox.watch_returns(!all);
