@@ -201,6 +201,33 @@ async fn worker(
     });
 }
 
+/// An emptied server, a wheel and a producer handle on it.
+async fn fresh(url: &str) -> (Wheel, DurableQueue) {
+    flush(url);
+    let wheel = Wheel::new();
+    let producer = DurableQueue::builder()
+        .redis(url, QUEUE, &wheel)
+        .await
+        .unwrap();
+    (wheel, producer)
+}
+
+/// [`fresh`], with `workers` workers running (given 300 ms to start), whose acks arrive on the
+/// receiver.
+async fn with_workers(
+    url: &str,
+    workers: usize,
+    lease: Duration,
+) -> (Wheel, DurableQueue, mpsc::UnboundedReceiver<(bool, i64)>) {
+    let (wheel, producer) = fresh(url).await;
+    let (sender, done) = mpsc::unbounded_channel();
+    for _ in 0..workers {
+        worker(url, &wheel, lease, &sender, false).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (wheel, producer, done)
+}
+
 async fn receive(
     done: &mut mpsc::UnboundedReceiver<(bool, i64)>,
     count: usize,
@@ -239,12 +266,7 @@ async fn main() {
 
     // Schedule rate: tasks an hour ahead.
     if wanted("schedule") {
-        flush(&url);
-        let wheel = Wheel::new();
-        let producer = DurableQueue::builder()
-            .redis(&url, QUEUE, &wheel)
-            .await
-            .unwrap();
+        let (wheel, producer) = fresh(&url).await;
         let far = now_ms() + 3_600_000;
         let before = cpu(&url);
         let elapsed = produce(&producer, count, Some(std::sync::Arc::new(move |_| far))).await;
@@ -260,17 +282,7 @@ async fn main() {
             if !wanted("immediate") {
                 break;
             }
-            flush(&url);
-            let wheel = Wheel::new();
-            let producer = DurableQueue::builder()
-                .redis(&url, QUEUE, &wheel)
-                .await
-                .unwrap();
-            let (sender, mut done) = mpsc::unbounded_channel();
-            for _ in 0..workers {
-                worker(&url, &wheel, lease, &sender, false).await;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (wheel, producer, mut done) = with_workers(&url, workers, lease).await;
             let before = cpu(&url);
             let start = Instant::now();
             let producing = {
@@ -291,17 +303,7 @@ async fn main() {
         // 2 s · i/n): the producers' rate, and CPU per task from the first schedule to the
         // last ack.
         if wanted("delayed") {
-            flush(&url);
-            let wheel = Wheel::new();
-            let producer = DurableQueue::builder()
-                .redis(&url, QUEUE, &wheel)
-                .await
-                .unwrap();
-            let (sender, mut done) = mpsc::unbounded_channel();
-            for _ in 0..workers {
-                worker(&url, &wheel, lease, &sender, false).await;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (wheel, producer, mut done) = with_workers(&url, workers, lease).await;
             let before = cpu(&url);
             let now = now_ms();
             let spread = move |i: usize| now + (i as u64 * 2_000) / count as u64;
@@ -319,12 +321,7 @@ async fn main() {
 
         // Backlog: tasks waiting before the workers start.
         if wanted("backlog") {
-            flush(&url);
-            let wheel = Wheel::new();
-            let producer = DurableQueue::builder()
-                .redis(&url, QUEUE, &wheel)
-                .await
-                .unwrap();
+            let (wheel, producer) = fresh(&url).await;
             produce(&producer, count, None).await;
             let (sender, mut done) = mpsc::unbounded_channel();
             let start = Instant::now();
@@ -339,15 +336,7 @@ async fn main() {
 
     // Lateness: 2000 tasks due over the next 0.5–2.5 s, one worker waiting.
     if wanted("lateness") {
-        flush(&url);
-        let wheel = Wheel::new();
-        let producer = DurableQueue::builder()
-            .redis(&url, QUEUE, &wheel)
-            .await
-            .unwrap();
-        let (sender, mut done) = mpsc::unbounded_channel();
-        worker(&url, &wheel, lease, &sender, false).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (wheel, producer, mut done) = with_workers(&url, 1, lease).await;
         let first = now_ms() + 500;
         let delayed = 2_000;
         produce(
@@ -443,12 +432,7 @@ async fn main() {
     // Due within 2 s: `at_once` tasks due over the next 2 s (task i at start + 2 s · i/n),
     // four workers; the time from the first schedule until the last ack.
     if wanted("at_once") {
-        flush(&url);
-        let wheel = Wheel::new();
-        let producer = DurableQueue::builder()
-            .redis(&url, QUEUE, &wheel)
-            .await
-            .unwrap();
+        let (wheel, producer) = fresh(&url).await;
         let (sender, mut done) = mpsc::unbounded_channel();
         for _ in 0..4 {
             worker(&url, &wheel, lease, &sender, false).await;
@@ -468,12 +452,7 @@ async fn main() {
     // schedule_many: the same far-ahead tasks in batches of `MANY_BATCH` (default 50, as
     // issue 30's row) from 16 producers.
     if wanted("schedule_many") {
-        flush(&url);
-        let wheel = Wheel::new();
-        let producer = DurableQueue::builder()
-            .redis(&url, QUEUE, &wheel)
-            .await
-            .unwrap();
+        let (wheel, producer) = fresh(&url).await;
         let batch = env("MANY_BATCH", 50).max(1);
         let far = now_ms() + 3_600_000;
         let before = cpu(&url);
