@@ -20,6 +20,29 @@ use support::{Rng, poll_once, two_workers};
 const HANG: Duration = Duration::from_secs(60);
 const THREADS: usize = 6;
 
+/// Joins `threads`, asserts none of their sleeps (`what`) completed early, then flushes (under
+/// the hang guard) and checks that nothing is pending and the counts add up.
+fn joined_none_early_then_settled(
+    runtime: &tokio::runtime::Runtime,
+    wheel: &Wheel,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    early: &AtomicUsize,
+    what: &str,
+) {
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert_eq!(early.load(Ordering::SeqCst), 0, "{what} completed early");
+    runtime.block_on(async {
+        tokio::time::timeout(HANG, wheel.flush())
+            .await
+            .expect("flush hung");
+    });
+    let stats = wheel.stats();
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    assert_eq!(stats.inserted, stats.fired + stats.cancelled, "{stats:?}");
+}
+
 #[test]
 fn reset_later_on_another_thread_racing_the_old_firing_is_never_early() {
     let runtime = two_workers();
@@ -62,26 +85,7 @@ fn reset_later_on_another_thread_racing_the_old_firing_is_never_early() {
             }
         }));
     }
-    for thread in threads {
-        thread.join().unwrap();
-    }
-    assert_eq!(
-        early.load(Ordering::SeqCst),
-        0,
-        "a moved sleep completed early"
-    );
-    runtime.block_on(async {
-        tokio::time::timeout(HANG, wheel.flush())
-            .await
-            .expect("flush hung");
-    });
-    let stats = wheel.stats();
-    assert_eq!(stats.pending, 0, "{stats:?}");
-    assert_eq!(
-        stats.inserted,
-        stats.fired + stats.cancelled + stats.pending,
-        "{stats:?}"
-    );
+    joined_none_early_then_settled(&runtime, &wheel, threads, &early, "a moved sleep");
 }
 
 #[test]
@@ -116,22 +120,7 @@ fn reset_after_completion_on_another_thread_completes_at_the_new_deadline() {
             })
         })
         .collect();
-    for thread in threads {
-        thread.join().unwrap();
-    }
-    assert_eq!(
-        early.load(Ordering::SeqCst),
-        0,
-        "a re-armed sleep completed early"
-    );
-    runtime.block_on(async {
-        tokio::time::timeout(HANG, wheel.flush())
-            .await
-            .expect("flush hung");
-    });
-    let stats = wheel.stats();
-    assert_eq!(stats.pending, 0, "{stats:?}");
-    assert_eq!(stats.inserted, stats.fired + stats.cancelled, "{stats:?}");
+    joined_none_early_then_settled(&runtime, &wheel, threads, &early, "a re-armed sleep");
 }
 
 #[test]

@@ -80,13 +80,21 @@ impl WheelContext {
     }
 
     /// The lane timers registered on this thread go to.
+    #[cfg(test)]
     pub(crate) fn lane_for_thread(&self) -> u32 {
+        self.lane_and_shard(thread_seed()).0
+    }
+
+    /// The lane and inbox shard of the thread with seed `seed`: threads spread over the
+    /// lanes, and those of one lane over its shards.
+    fn lane_and_shard(&self, seed: usize) -> (u32, usize) {
         let lanes = self.lanes.len();
-        if lanes == 1 {
-            0
+        let (lane, within) = if lanes == 1 {
+            (0, seed)
         } else {
-            (thread_seed() % lanes) as u32
-        }
+            (seed % lanes, seed / lanes)
+        };
+        (lane as u32, self.lanes[lane].inbox.shard_for_seed(within))
     }
 
     /// The shared state of slot `slot` of lane `lane`.
@@ -126,9 +134,9 @@ impl WheelContext {
         if self.shared.is_closed() {
             return None;
         }
-        let lane = self.lane_for_thread();
+        // One read of the thread's seed names both.
+        let (lane, shard) = self.lane_and_shard(thread_seed());
         let Lane { inbox, pool } = &self.lanes[lane as usize];
-        let shard = inbox.shard_for_thread();
         let urgency = Urgency::By(deadline);
         let (slot, position) = inbox.send_with_slot(shard, pool, urgency, |index, slot| {
             slot.word.arm(deadline);

@@ -337,12 +337,17 @@ impl<C> Inbox<C> {
 
     /// The shard the current thread sends to.
     pub(crate) fn shard_for_thread(&self) -> usize {
+        self.shard_for_seed(thread_seed())
+    }
+
+    /// The shard a thread with seed `seed` sends to.
+    pub(crate) fn shard_for_seed(&self, seed: usize) -> usize {
         let shards = self.shards.len();
         if shards.is_power_of_two() {
             // A mask, not a division: this is on every registration's path.
-            thread_seed() & (shards - 1)
+            seed & (shards - 1)
         } else {
-            thread_seed() % shards
+            seed % shards
         }
     }
 

@@ -26,6 +26,11 @@ pub(super) const BATCH: usize = 500;
 /// of large payloads does not become one long script that keeps other clients waiting.
 const BATCH_BYTES: usize = 1 << 20;
 
+/// Most invocations of one flusher in flight at once, pipelined on the connection. Concurrent
+/// calls carry no order between them; `schedule_many`, which does, sends its chunks itself,
+/// one at a time.
+const IN_FLIGHT: usize = 4;
+
 /// Which script a flusher runs.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Kind {
@@ -34,13 +39,6 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    /// Most invocations of one flusher in flight at once, pipelined on the connection.
-    /// Concurrent calls carry no order between them; `schedule_many`, which does, sends its
-    /// chunks itself, one at a time.
-    fn in_flight(self) -> usize {
-        4
-    }
-
     /// Entries that must wait before another invocation goes while one runs. Schedules:
     /// eight. With one invocation at a time, 16 producers split into two groups of ~8 that
     /// took turns, each waiting a whole round trip for the other's (issue 30's peer table,
@@ -221,7 +219,7 @@ impl Shared {
 
 /// Sends what waits in bounded batches (they pipeline on the multiplexed connection), until
 /// the queue is gone: one invocation whenever none is running, and more, up to
-/// [`Kind::in_flight`], once at least [`Kind::extra_batch`] entries wait — so a quiet queue
+/// [`IN_FLIGHT`], once at least [`Kind::extra_batch`] entries wait — so a quiet queue
 /// sends each call at once, and a busy one neither waits a whole round trip per batch nor
 /// splits into invocations of one entry.
 async fn flusher(
@@ -238,7 +236,7 @@ async fn flusher(
             queued.push_back(entry);
         }
         let send = !queued.is_empty()
-            && running.len() < kind.in_flight()
+            && running.len() < IN_FLIGHT
             && (running.is_empty() || queued.len() >= kind.extra_batch());
         if !send {
             tokio::select! {
