@@ -358,4 +358,31 @@ mod tests {
         // One thread always names the same lane (its timers' commands stay in order there).
         assert_eq!(wheel.inner.lane_for_thread(), wheel.inner.lane_for_thread());
     }
+
+    #[test]
+    fn threads_hold_the_wheel_through_copies_of_its_context() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let wheel = runtime.block_on(async { Wheel::builder().build() });
+        let home = std::sync::Arc::as_ptr(&wheel.inner) as usize;
+        let copies: HashSet<usize> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    let wheel = &wheel;
+                    scope.spawn(move || {
+                        let sleep = wheel.sleep(std::time::Duration::from_secs(1));
+                        std::sync::Arc::as_ptr(sleep.wheel()) as usize
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        // A sleep never holds the count every handle shares, and threads spread over the
+        // copies (eight new threads take eight distinct seeds; other tests' threads may take
+        // some in between), so their sleeps do not write one count.
+        assert!(!copies.contains(&home));
+        assert!(copies.len() >= 2, "{copies:?}");
+    }
 }

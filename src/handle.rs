@@ -113,12 +113,12 @@ impl Wheel {
     /// A future that completes `duration` from now (saturating: `Duration::MAX` never
     /// overflows). See [`Sleep`].
     pub fn sleep(&self, duration: Duration) -> Sleep {
-        Sleep::new(&self.inner, deadline_after(duration))
+        Sleep::new(self.inner.for_this_thread(), deadline_after(duration))
     }
 
     /// A future that completes at `deadline`. See [`Sleep`].
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Sleep::new(&self.inner, deadline)
+        Sleep::new(self.inner.for_this_thread(), deadline)
     }
 
     /// Runs `future`, giving up after `duration` with [`Elapsed`](crate::Elapsed).
@@ -128,7 +128,7 @@ impl Wheel {
     /// (the usual way), that is the same as tokio's `timeout`; use
     /// [`timeout_at`](Self::timeout_at) for a deadline fixed now.
     pub fn timeout<F: Future>(&self, duration: Duration, future: F) -> Timeout<F> {
-        Timeout::after(&self.inner, duration, future)
+        Timeout::after(self.inner.for_this_thread(), duration, future)
     }
 
     /// Runs `future`, giving up at `deadline` with [`Elapsed`](crate::Elapsed).
@@ -170,7 +170,7 @@ impl Wheel {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        JobHandle::one_shot(&self.inner, deadline, future)
+        JobHandle::one_shot(self.inner.for_this_thread(), deadline, future)
     }
 
     /// Runs the future `job` makes every `period`, the first run one period from now; runs
@@ -184,7 +184,7 @@ impl Wheel {
         J: FnMut() -> F + Send + 'static,
         F: Future<Output = ()> + Send + 'static,
     {
-        JobHandle::periodic(&self.inner, period, schedule, job)
+        JobHandle::periodic(self.inner.for_this_thread(), period, schedule, job)
     }
 
     /// A set of keyed timers: [`Timers`] to set, move and remove them by key, and the

@@ -15,6 +15,10 @@ use super::timers::Command;
 use crate::timer::pool::{Pool, Slot};
 use crate::timer::shared::Shared;
 
+/// Copies of a wheel's context (see [`WheelContext::for_this_thread`]): threads take turns
+/// over them, so on a machine with up to this many threads making sleeps no two share one.
+const COPIES: usize = 16;
+
 /// Where a new timer went: its lane, its pool slot there, its inbox shard, and its command's
 /// position in that shard's queue.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +32,7 @@ pub(crate) struct Filed {
 /// One timer actor's share of the wheel's sleeps and jobs: its command queue and the pool its
 /// timers' shared state lives in. A timer stays in the lane it was filed in for its life (its
 /// slot index means nothing in another lane's pool), so its commands apply in order.
+#[derive(Clone)]
 pub(crate) struct Lane {
     pub(crate) inbox: Arc<Inbox<Command>>,
     pub(crate) pool: Arc<Pool>,
@@ -40,17 +45,25 @@ pub(crate) struct WheelContext {
     /// The timer actors (`Builder::timer_shards`): a timer goes to the lane of the thread
     /// that registers it, so producers on different threads feed different actors.
     pub(crate) lanes: Box<[Lane]>,
+    /// Held by every context of the wheel: the last to go closes the timer actors' queues.
+    _open: Arc<KeepOpen>,
+    /// Copies of this context for the threads that make sleeps and jobs
+    /// ([`for_this_thread`](Self::for_this_thread)); empty in a copy.
+    copies: Box<[Arc<WheelContext>]>,
     /// What a layer above keeps once per wheel (the idle connections' group of
     /// `hyper::IdleIo`), weakly: it holds the wheel, not the other way round.
     #[cfg(feature = "hyper")]
     pub(crate) layer: std::sync::Mutex<std::sync::Weak<dyn std::any::Any + Send + Sync>>,
 }
 
-impl Drop for WheelContext {
+/// The timer actors' queues, closed once no context of the wheel is left.
+struct KeepOpen(Box<[Arc<Inbox<Command>>]>);
+
+impl Drop for KeepOpen {
     fn drop(&mut self) {
         // The last handle is gone: each timer actor exits once nothing it holds is pending.
-        for lane in &self.lanes {
-            lane.inbox.close();
+        for inbox in &self.0 {
+            inbox.close();
         }
     }
 }
@@ -71,11 +84,33 @@ impl fmt::Debug for WheelContext {
 impl WheelContext {
     pub(crate) fn new(shared: Arc<Shared>, lanes: Box<[Lane]>) -> WheelContext {
         assert!(!lanes.is_empty(), "a wheel has at least one timer lane");
+        let inboxes = lanes.iter().map(|lane| lane.inbox.clone()).collect();
+        let open = Arc::new(KeepOpen(inboxes));
+        let copy = || WheelContext::copy(&shared, &lanes, &open);
+        let copies = (0..COPIES).map(|_| Arc::new(copy())).collect();
+        WheelContext { copies, ..copy() }
+    }
+
+    fn copy(shared: &Arc<Shared>, lanes: &[Lane], open: &Arc<KeepOpen>) -> WheelContext {
         WheelContext {
-            shared,
-            lanes,
+            shared: shared.clone(),
+            lanes: lanes.into(),
+            _open: open.clone(),
+            copies: Box::default(),
             #[cfg(feature = "hyper")]
             layer: std::sync::Mutex::new(std::sync::Weak::<()>::new()),
+        }
+    }
+
+    /// The context a sleep or job made on this thread holds. Each `Sleep` keeps its wheel
+    /// alive through one `Arc`; were that always this one, every thread making sleeps would
+    /// write the same count on each sleep made and dropped (a cache line passed between
+    /// cores, the largest cost of a sleep made on many threads at once). A copy per few
+    /// threads keeps each count on one core; the copies share everything else.
+    pub(crate) fn for_this_thread(self: &Arc<Self>) -> &Arc<WheelContext> {
+        match self.copies.len() {
+            0 => self,
+            copies => &self.copies[thread_seed() % copies],
         }
     }
 

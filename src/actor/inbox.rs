@@ -96,6 +96,9 @@ struct Shard<C> {
     commands: VecDeque<C>,
     /// A send since the actor last took this shard has notified it.
     notified: bool,
+    /// A send since the actor last took this shard has set the inbox's `pending` flag: later
+    /// sends into it skip that store and its fence (the flag is one line all shards share).
+    flagged: bool,
     /// Pool slots this shard may hand out.
     free: Vec<u32>,
     /// The actor stopped: sends are refused.
@@ -239,6 +242,7 @@ impl<C> Inbox<C> {
                     Mutex::new(Shard {
                         commands: VecDeque::new(),
                         notified: false,
+                        flagged: false,
                         free: Vec::new(),
                         stopped: false,
                         waiting: 0,
@@ -267,11 +271,14 @@ impl<C> Inbox<C> {
     fn push(&self, state: &mut Shard<C>, command: C, urgency: Urgency) -> (u32, bool) {
         let position = state.commands.len() as u32;
         state.commands.push_back(command);
-        if position == 0 {
+        if !state.flagged {
             // Dekker with the actor's `publish_next_look` + `has_pending`: flag, fence, then
             // read `next_look`; the actor stores `next_look`, fences, then reads the flag. One
-            // of the two sees the other's store. (Later sends into the non-empty shard read
-            // `next_look` after this fence, so they need none.)
+            // of the two sees the other's store. Later sends into this shard, until the actor
+            // takes it, read `next_look` under its lock after this read, so they see what it
+            // saw or later and need no store or fence of their own (a shard emptied by
+            // withdrawn registrations and filled again writes no shared line).
+            state.flagged = true;
             self.pending.store(true, Ordering::Relaxed);
             fence(Ordering::SeqCst);
         }
@@ -643,6 +650,7 @@ impl<C> Inbox<C> {
         for shard in 0..self.shards.len() {
             let mut state = self.lock(shard);
             state.notified = false;
+            state.flagged = false;
             if into.is_empty() {
                 std::mem::swap(&mut state.commands, into);
             } else {
@@ -667,6 +675,7 @@ impl<C> Inbox<C> {
         for (shard, into) in into.iter_mut().enumerate() {
             let mut state = self.lock(shard);
             state.notified = false;
+            state.flagged = false;
             took += state.commands.len();
             if into.is_empty() {
                 std::mem::swap(&mut state.commands, into);

@@ -187,6 +187,39 @@ fn a_lazy_command_is_never_stranded_when_the_actor_stops_looking_soon() {
 }
 
 #[test]
+fn a_send_into_a_shard_flagged_before_is_never_missed() {
+    loom::model(|| {
+        let inbox = Arc::new(Inbox::new(1));
+        inbox.publish_next_look(Some(200), 0);
+        // A first send flags the shard (due late: no wake-up); a second one into the same
+        // shard, due at 250, skips the flag's store and fence if the actor has not taken the
+        // shard since. Meanwhile the actor takes, moves its next look to 300 and checks: the
+        // second command must be taken, seen by the check, or wake it.
+        inbox
+            .send(0, Command::Release(1), Urgency::By(1_000))
+            .unwrap();
+        let sender = {
+            let inbox = inbox.clone();
+            thread::spawn(move || {
+                inbox
+                    .send(0, Command::Release(2), Urgency::By(250))
+                    .unwrap();
+            })
+        };
+        let mut taken = VecDeque::new();
+        inbox.take_all(&mut taken, &mut []);
+        inbox.publish_next_look(Some(300), 0);
+        let seen = inbox.has_pending();
+        sender.join().unwrap();
+        let took = taken.contains(&Command::Release(2));
+        assert!(
+            took || seen || inbox.state_notified(0),
+            "second send missed"
+        );
+    });
+}
+
+#[test]
 fn a_withdrawn_registration_never_reaches_the_actor() {
     loom::model(|| {
         let pool = Arc::new(Pool::default());
