@@ -105,7 +105,7 @@ try:
             ids = ['task-%d-%d' % (rnd, i) for i in range(start, min(N, start + B))]
             keys = [K['payload'], K['meta'], K['due'], K['dead'], K['seq'], K['idle'],
                     K['inflight'], q + 'call:s%d-%d' % (rnd, start)]
-            args = ['tw-schedule', K['wake'], window]
+            args = ['tw-schedule', K['wake'], window, 2**62]
             for i in ids:
                 args += [i, b'x' * 64, 'after', 0, 'c' + i]
             r.call('EVALSHA', schedule, len(keys), *keys, *args)

@@ -177,6 +177,12 @@ impl Shared {
     ) -> Result<Vec<String>, Error> {
         let keys = &self.parts[part];
         let window = self.reply_window_ms();
+        let not_after = match kind {
+            Kind::Schedule => self.not_after_ms(part).await?,
+            // A finish acts only for the delivery's current token, once: a late copy of one
+            // finds the token gone and changes nothing.
+            Kind::Finish => 0,
+        };
         let (script, key_list, mut args) = match kind {
             Kind::Schedule => (
                 &self.scripts.schedule,
@@ -190,7 +196,7 @@ impl Shared {
                     &keys.inflight,
                     replied,
                 ],
-                redis_args!["tw-schedule", &keys.channel, window],
+                redis_args!["tw-schedule", &keys.channel, window, not_after],
             ),
             Kind::Finish => (
                 &self.scripts.finish,

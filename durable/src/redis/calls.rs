@@ -22,6 +22,20 @@ use crate::{Due, Error, Outcome, Recurring, Task, TaskId};
 const MIN_REPLY_WINDOW: Duration =
     Duration::from_secs(RETRY_BUDGET.as_secs() + RESPONSE_TIMEOUT.as_secs());
 
+/// How long a reading of a node's clock dates schedule invocations before it is read again:
+/// the clocks' drift over it stays far under [`NOT_AFTER_SLACK`].
+const CLOCK_FRESH: Duration = Duration::from_secs(60);
+
+/// How long after its caller's last retry could have been sent a schedule invocation may
+/// still act: room for that retry's transit and for the clock estimate's error. Past it,
+/// a copy delayed in the network is refused ([`Shared::not_after_ms`]).
+const NOT_AFTER_SLACK: Duration = Duration::from_secs(2);
+
+// A copy refused by `not after` is one whose kept reply may be gone; one that acts finds its
+// reply kept (it is kept from the first run, which came after the invocation was dated).
+const _: () =
+    assert!(RETRY_BUDGET.as_secs() + 2 * NOT_AFTER_SLACK.as_secs() <= MIN_REPLY_WINDOW.as_secs());
+
 /// A schedule entry's answer as the caller sees it.
 fn scheduled(
     id: TaskId,
@@ -189,6 +203,26 @@ impl Shared {
             )
             .await?;
         Ok(answers.and_then(|answers| answers.get(receipt.index).cloned()))
+    }
+
+    /// The server time (ms, on partition `part`'s node) after which a schedule invocation
+    /// dated now must not act: its caller sends retries for [`RETRY_BUDGET`], and a copy that
+    /// reaches the server later than that (plus [`NOT_AFTER_SLACK`]) — held in a stalled
+    /// network, say — could find its kept reply expired and make its tasks again (one acked
+    /// since would be delivered twice). Reads the node's clock once a minute.
+    pub(super) async fn not_after_ms(&self, part: usize) -> Result<u64, Error> {
+        let keys = &self.parts[part];
+        let now = match keys.clock.now_ms(CLOCK_FRESH) {
+            Some(now) => now,
+            None => {
+                let now: u64 = self
+                    .invoke(&self.scripts.time, &[&keys.meta], redis_args!["tw-time"])
+                    .await?;
+                keys.clock.learn(now);
+                now
+            }
+        };
+        Ok(now.saturating_add(crate::delay_ms(RETRY_BUDGET + NOT_AFTER_SLACK)))
     }
 
     /// How long the reply of a schedule or finish invocation is kept to answer a retry of

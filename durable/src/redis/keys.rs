@@ -4,7 +4,9 @@
 //! Cluster slot and every script runs atomically on one node. With several partitions the tags
 //! are chosen so the partitions spread evenly over the slot space (and so over the masters).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::TaskId;
 
@@ -38,6 +40,36 @@ pub(super) struct Keys {
     pub(super) lateness: String,
     /// Set while claiming is paused (`DurableQueue::pause`): one per partition, in its slot.
     pub(super) paused: String,
+    /// What this handle last read of the server's clock on the partition's node.
+    pub(super) clock: ServerClock,
+}
+
+/// A reading of a node's clock (server ms) and the instant it arrived: an estimate of the
+/// server's clock now that is never behind it by more than the clocks' drift since (the
+/// reading was taken before it arrived), so a deadline derived from it can only be late by
+/// the reply's transit.
+#[derive(Debug, Default)]
+pub(super) struct ServerClock(Mutex<Option<(u64, Instant)>>);
+
+impl ServerClock {
+    /// The server's clock now, if a reading younger than `fresh` is known.
+    pub(super) fn now_ms(&self, fresh: Duration) -> Option<u64> {
+        let reading = *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (server_ms, at) = reading?;
+        let since = at.elapsed();
+        (since < fresh).then(|| server_ms.saturating_add(crate::delay_ms(since)))
+    }
+
+    /// Notes a reading that just arrived.
+    pub(super) fn learn(&self, server_ms: u64) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((server_ms, Instant::now()));
+    }
 }
 
 impl Keys {
@@ -58,6 +90,7 @@ impl Keys {
             stats: key("stats"),
             lateness: key("lateness"),
             paused: key("paused"),
+            clock: ServerClock::default(),
             prefix,
         }
     }

@@ -1,10 +1,10 @@
 -- floor: one record write, one payload write, one due-set insert per task; no checks.
 local now = now_ms()
-local n = (#ARGV - 3) / 5
+local n = (#ARGV - 4) / 5 -- ARGV[4]: `not after`, unread here
 local payloads, records, members, out = {}, {}, {}, {}
 local seq = redis.call('INCRBY', KEYS[5], n) - n
 for i = 0, n - 1 do
-  local a = 4 + i * 5
+  local a = 5 + i * 5
   local id = ARGV[a]
   seq = seq + 1
   payloads[#payloads + 1] = id; payloads[#payloads + 1] = ARGV[a + 1]

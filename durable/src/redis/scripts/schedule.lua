@@ -14,7 +14,10 @@
 -- ARGV[1] label      'tw-schedule' (not read)
 -- ARGV[2] channel    the partition's wake channel
 -- ARGV[3] window     ms the reply is kept (a lease, at least the client's retry span)
--- ARGV[4..] tasks    five per task, in order: id, payload, mode ('at': ms is a time, ms since
+-- ARGV[4] not after  server ms after which this invocation must not act: its caller has
+--                    stopped sending it, and its kept reply may be gone (a copy delayed in
+--                    the network, arriving after that, would make its tasks again)
+-- ARGV[5..] tasks    five per task, in order: id, payload, mode ('at': ms is a time, ms since
 --                    the epoch; 'after': a delay, added to the server's clock, so the caller's
 --                    clock never decides), ms, call (that task's call id, kept in its record)
 --
@@ -26,14 +29,19 @@
 -- record per id — a pending, dead or recurring task of the same id is removed from its index
 -- before it is replaced, an in-flight one is never replaced. An invocation retried after a
 -- lost reply is answered from its kept reply without acting again (one record per
--- invocation, not a mark per task): a retry never makes a task again, even one acked since.
+-- invocation, not a mark per task): a retry never makes a task again, even one acked since;
+-- one arriving after `not after` (its reply may have expired) is refused and does nothing.
 -- The caller sends at most a bounded batch (see batch.rs).
 
 local replied = redis.call('GET', KEYS[8])
 if replied then return cmsgpack.unpack(replied) end
 local now = now_ms()
+if now > tonumber(ARGV[4]) then
+  return redis.error_reply('tw-expired: this schedule invocation arrived after its caller ' ..
+    'stopped retrying it; it did nothing')
+end
 local out = {}
-local n = (#ARGV - 3) / 5
+local n = (#ARGV - 4) / 5
 -- New tasks are written together (one HSET per hash, one ZADD) when the loop ends or before
 -- an id already written in this batch is looked at again; the due set's head is tracked
 -- here, as the writes would move it, and read again after a removal.
@@ -53,13 +61,13 @@ end
 local head = head_due()
 -- Every task's record in one call; an id met again in this batch is read again.
 local ids = {}
-for i = 0, n - 1 do ids[i + 1] = ARGV[4 + i * 5] end
+for i = 0, n - 1 do ids[i + 1] = ARGV[5 + i * 5] end
 local metas = redis.call('HMGET', KEYS[2], unpack(ids))
 local met = {}
 -- Sequence numbers for the whole batch at once (unused ones leave gaps: only order counts).
 local seq_next = redis.call('INCRBY', KEYS[5], n) - n
 for i = 0, n - 1 do
-  local a = 4 + i * 5
+  local a = 5 + i * 5
   local id, payload, mode, ms, call = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   local due = tonumber(ms)
   if mode == 'after' then due = now + due end
