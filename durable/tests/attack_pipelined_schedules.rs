@@ -24,12 +24,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use support::Rng;
-use support::backend::stats_add_up;
+use support::backend::{all_pending, stats_add_up};
 use support::proxy::{Fault, Proxy};
 use tokio_wheel::Wheel;
-use tokio_wheel_durable::{
-    Deliveries, Delivery, DurableQueue, Error, Task, TaskFilter, TaskId, TaskInfo, TaskState,
-};
+use tokio_wheel_durable::{Deliveries, Delivery, DurableQueue, Error, Task, TaskId, TaskState};
 
 /// Only a hang guard: a call that does not return within it is a failure.
 const GUARD: Duration = Duration::from_secs(30);
@@ -64,29 +62,12 @@ async fn open(url: &str, name: &str, wheel: &Wheel) -> DurableQueue {
         .unwrap()
 }
 
-/// Every pending task, in list order (due, then schedule order).
-async fn pending(queue: &DurableQueue) -> Vec<TaskInfo> {
-    let mut out = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = queue
-            .list_page(TaskFilter::Pending, cursor.as_ref(), 1000)
-            .await
-            .unwrap();
-        out.extend(page.items);
-        match page.next {
-            Some(next) => cursor = Some(next),
-            None => return out,
-        }
-    }
-}
-
 /// Payload (as text) → ids holding it, over every pending task.
 async fn ids_by_payload(queue: &DurableQueue) -> HashMap<Vec<u8>, Vec<TaskId>> {
     let mut map: HashMap<Vec<u8>, Vec<TaskId>> = HashMap::new();
-    for info in pending(queue).await {
-        let payload = queue.payload(&info.id).await.unwrap().expect("listed");
-        map.entry(payload).or_default().push(info.id);
+    for id in all_pending(queue).await {
+        let payload = queue.payload(&id).await.unwrap().expect("listed");
+        map.entry(payload).or_default().push(id);
     }
     map
 }
@@ -257,7 +238,7 @@ async fn concurrent_producers_leave_each_id_as_its_last_completed_call() {
         );
     }
     assert_eq!(queue.len().await.unwrap(), present + by_id.len());
-    assert_eq!(pending(&queue).await.len(), present + by_id.len());
+    assert_eq!(all_pending(&queue).await.len(), present + by_id.len());
     stats_add_up(&queue).await;
 }
 
@@ -423,7 +404,7 @@ async fn schedule_returns_only_once_another_handle_sees_it() {
         p.await.unwrap();
     }
     assert_eq!(reader.len().await.unwrap(), 48 * 20);
-    assert_eq!(pending(&reader).await.len(), 48 * 20);
+    assert_eq!(all_pending(&reader).await.len(), 48 * 20);
 }
 
 /// Sixteen producers schedule at the same instant, each in sequence (120 calls, ids in a
@@ -461,10 +442,10 @@ async fn ties_keep_each_producers_order_while_fifteen_others_flood() {
     for p in producers {
         orders.push(p.await.unwrap());
     }
-    let listed: Vec<String> = pending(&queue)
+    let listed: Vec<String> = all_pending(&queue)
         .await
         .into_iter()
-        .map(|i| i.id.to_string())
+        .map(|id| id.to_string())
         .collect();
     assert_eq!(listed.len(), 16 * per);
     for (p, order) in orders.iter().enumerate() {
@@ -726,10 +707,10 @@ async fn schedule_many_racing_single_schedules_keeps_every_order() {
         all.extend(ids.iter().cloned());
         single_orders.push(ids);
     }
-    let listed: Vec<String> = pending(&queue)
+    let listed: Vec<String> = all_pending(&queue)
         .await
         .into_iter()
-        .map(|i| i.id.to_string())
+        .map(|id| id.to_string())
         .collect();
     assert_eq!(listed.len(), all.len(), "one task per id");
     assert_eq!(queue.len().await.unwrap(), all.len());
