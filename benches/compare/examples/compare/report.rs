@@ -239,7 +239,8 @@ pub(crate) fn print_header(args: &[String], reps: usize, pingora_note: bool) {
          way (one wheel with its tick task, one timer thread) in schedule + cancel, postpone \
          and producers; in fire and idle each run gets its own, so that an idle one never \
          ticks under another peer's measurement. `DelayQueue` is built per repetition with \
-         the capacity it needs. Fire runs once per system and size (no warm-up). Memory \
+         the capacity it needs. Fire runs `--reps` times per system at up to 10^5 timers, the \
+         systems taking turns, and once above (no warm-up). Memory \
          builds a fresh wheel or peer per measurement, so that the service's own growth is \
          counted."
     );
