@@ -3,7 +3,7 @@
 //! regression test, named by the behaviour; a broken promise is kept as
 //! `#[ignore = "finding: …"]`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -130,6 +130,14 @@ async fn shutdown_returns_after_a_big_keyed_batch_comes_due() {
 /// Per key, one task sends a script whose last word is known; four such tasks flood the same
 /// keyed set at once while earlier entries come due. Each key must end as its script says:
 /// exactly one expiration, with the value of the last `set`, never before its deadline.
+///
+/// The script's second command moves the entry to 1 ms from then, and its third removes it.
+/// Where the remove returned before that deadline could have passed, the entry never fires
+/// with its first value. A producer preempted for a millisecond between the two (a loaded
+/// 2-core machine does that) made its remove after the deadline: the entry may then fire
+/// with its first value — once, before the last value's expiration — as API.md allows a
+/// removal racing expiry (seen in CI: once in ~20 whole-suite runs, with the previous
+/// release too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_handles_commands_apply_in_order_under_a_flood() {
     commands_in_order_under_a_flood(if full() { 50_000 } else { 5_000 }).await;
@@ -150,10 +158,17 @@ async fn commands_in_order_under_a_flood(per_task: u64) {
         let timers = timers.clone();
         senders.push(tokio::spawn(async move {
             let base = t * per_task;
+            let mut raced = HashSet::new();
             for k in base..base + per_task {
                 timers.set(k, 1, secs(3600));
+                let before_reset = Instant::now();
                 timers.reset(&k, ms(1));
                 timers.remove(&k);
+                // The deadline is at least 1 ms after `before_reset`: a remove that returned
+                // sooner was surely made before it.
+                if before_reset.elapsed() >= ms(1) {
+                    raced.insert(k);
+                }
                 timers.set(k, 2, secs(3600));
                 let h = timers.insert(k, 3, secs(7200));
                 h.reset(secs(9000));
@@ -163,15 +178,16 @@ async fn commands_in_order_under_a_flood(per_task: u64) {
                     tokio::task::yield_now().await;
                 }
             }
-            Instant::now()
+            raced
         }));
     }
-    let mut last_sent = Instant::now();
+    let mut raced = HashSet::new();
     for s in senders {
-        last_sent = last_sent.max(s.await.unwrap());
+        raced.extend(s.await.unwrap());
     }
     let total = (tasks * per_task) as usize;
     let mut seen: HashMap<u64, u64> = HashMap::with_capacity(total);
+    let mut first_values = HashSet::new();
     while seen.len() < total {
         let Ok(e) = tokio::time::timeout(secs(20), expired.next()).await else {
             let missing: Vec<u64> = (0..tasks * per_task)
@@ -194,6 +210,13 @@ async fn commands_in_order_under_a_flood(per_task: u64) {
             e.deadline() - fired_at
         );
         let (k, v) = e.into_parts();
+        if v == 1 && raced.contains(&k) && !seen.contains_key(&k) {
+            assert!(
+                first_values.insert(k),
+                "key {k} fired twice with its first value"
+            );
+            continue;
+        }
         assert_eq!(v, 4, "key {k} fired with value {v}");
         assert!(seen.insert(k, v).is_none(), "key {k} fired twice");
     }
@@ -204,7 +227,6 @@ async fn commands_in_order_under_a_flood(per_task: u64) {
         stats.fired + stats.cancelled + stats.pending,
         "{stats:?}"
     );
-    let _ = last_sent;
 }
 
 /// A by-key `remove` / later `reset` that returned before the entry's deadline wins: the
