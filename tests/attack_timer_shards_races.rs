@@ -33,6 +33,12 @@ fn joined_none_early_then_settled(
         thread.join().unwrap();
     }
     assert_eq!(early.load(Ordering::SeqCst), 0, "{what} completed early");
+    settled(runtime, wheel);
+}
+
+/// Flushes (under the hang guard) and checks that nothing is pending and the counts add up;
+/// returns the stats.
+fn settled(runtime: &tokio::runtime::Runtime, wheel: &Wheel) -> tokio_wheel::Stats {
     runtime.block_on(async {
         tokio::time::timeout(HANG, wheel.flush())
             .await
@@ -41,6 +47,7 @@ fn joined_none_early_then_settled(
     let stats = wheel.stats();
     assert_eq!(stats.pending, 0, "{stats:?}");
     assert_eq!(stats.inserted, stats.fired + stats.cancelled, "{stats:?}");
+    stats
 }
 
 #[test]
@@ -191,14 +198,7 @@ fn churn_from_many_threads_then_flush_the_stats_add_up() {
         "{stats:?}"
     );
     drop(kept);
-    runtime.block_on(async {
-        tokio::time::timeout(HANG, wheel.flush())
-            .await
-            .expect("flush hung");
-    });
-    let stats = wheel.stats();
-    assert_eq!(stats.pending, 0, "{stats:?}");
-    assert_eq!(stats.inserted, stats.fired + stats.cancelled, "{stats:?}");
+    let stats = settled(&runtime, &wheel);
     assert_eq!(stats.actors, 4, "{stats:?}");
 }
 
