@@ -184,3 +184,36 @@ fn a_flood_from_many_threads_over_many_shards_is_applied_whole() {
     }
     assert_eq!(rt.block_on(timers.len()), 15_000);
 }
+
+/// A task that sets thousands of keys without yielding has them applied beside it, on the
+/// other worker, rather than all at once when it finally asks (the keyed inbox's early take:
+/// the actor is woken, and handed to an idle worker, every few hundred queued commands). The
+/// producer keeps the worker it runs on and watches `stats()`, which only an actor's turn
+/// moves; it gives up after 20 s of real time, far beyond any scheduling delay.
+#[test]
+fn a_bulk_load_is_applied_while_its_producer_is_still_running() {
+    let rt = two_workers();
+    rt.block_on(async {
+        let wheel = Wheel::builder().shards(1).build();
+        let (timers, _expired) = wheel.keyed::<u64, ()>();
+        let producer = tokio::spawn({
+            let wheel = wheel.clone();
+            async move {
+                let before = wheel.stats().inserted;
+                for key in 0..4096 {
+                    timers.set(key, (), Duration::from_secs(60));
+                }
+                // No await from here on: only another worker can run the actor.
+                let give_up = std::time::Instant::now() + Duration::from_secs(20);
+                while wheel.stats().inserted == before && std::time::Instant::now() < give_up {
+                    std::thread::yield_now();
+                }
+                let applied = wheel.stats().inserted - before;
+                (applied, timers.len().await)
+            }
+        });
+        let (applied, len) = producer.await.unwrap();
+        assert!(applied > 0, "nothing was applied while the producer ran");
+        assert_eq!(len, 4096);
+    });
+}

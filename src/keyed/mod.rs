@@ -116,6 +116,7 @@ where
             let inbox = Arc::new(
                 Inbox::new(queues)
                     .sharing_bound_with(shared.keyed_shards)
+                    .taking_early()
                     .with_actor_on(&shared.actors),
             );
             let ledger = Arc::new(Ledger::default());

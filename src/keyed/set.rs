@@ -165,74 +165,102 @@ impl<K, V> Set<K, V> {
     }
 }
 
-/// How many commands back from the newest a `remove` looks for the `set` it cancels.
+/// How many commands back from the newest a `remove` or `reset` looks for the command it
+/// cancels or moves.
 const RECENT: usize = 8;
 
 impl<K: Eq + Clone, V> Set<K, V> {
-    /// For a `remove` of `key` (hashing to `hash`) whose `set` still waits in this thread's
-    /// queue, among its last few commands, as the last command counted on the key's stripe:
-    /// turns that set into the remove, in its place and with its count, so the actor files
-    /// nothing (an ack that comes before the actor saw the timer costs it one lookup). Any
-    /// command made after the set on the stripe, by-key or on every key, rules it out: it was
-    /// counted after, and must still apply after the set. Returns the set command taken out
-    /// (for the caller to drop outside the lock), or `None` if the remove must be sent.
-    pub(super) fn remove_queued_set(&self, hash: u64, key: &K) -> Option<KeyedCommand<K, V>> {
+    /// Queues a `remove` of `key` (hashing to `hash`), unless its `set` still waits in this
+    /// thread's queue, among its last few commands, as the last command counted on the key's
+    /// stripe: that set then turns into the remove, in its place and with its count, so the
+    /// actor files nothing (an ack that comes before the actor saw the timer costs it one
+    /// lookup). Any command made after the set on the stripe, by-key or on every key, rules
+    /// that out: it was counted after, and must still apply after the set. One lock either
+    /// way. Returns the set command taken out, for the caller to drop outside the lock.
+    pub(super) fn remove(&self, hash: u64, key: &K) -> Option<KeyedCommand<K, V>> {
         let shard = self.shard(hash);
-        let queue = shard.inbox.shard_for_thread();
+        let stripe = Ledger::stripe(hash);
+        if self.wheel.shared.is_closed() {
+            return None;
+        }
+        let cancel_queued_set = |command: &mut KeyedCommand<K, V>| {
+            let seq = match command {
+                KeyedCommand::Set {
+                    key: queued, seq, ..
+                } if queued == key => *seq,
+                _ => return None,
+            };
+            if !shard.ledger.is_last_counted(seq) {
+                return Some(None);
+            }
+            let remove = KeyedCommand::Remove {
+                key: key.clone(),
+                seq,
+            };
+            Some(Some(std::mem::replace(command, remove)))
+        };
+        let remove = || KeyedCommand::Remove {
+            key: key.clone(),
+            seq: shard.ledger.sending(stripe),
+        };
         shard
             .inbox
-            .rewrite_recent(queue, RECENT, |command| {
-                let seq = match command {
-                    KeyedCommand::Set {
-                        key: queued, seq, ..
-                    } if queued == key => *seq,
-                    _ => return None,
-                };
-                if !shard.ledger.is_last_counted(seq) {
-                    return Some(None);
-                }
-                let remove = KeyedCommand::Remove {
-                    key: key.clone(),
-                    seq,
-                };
-                Some(Some(std::mem::replace(command, remove)))
-            })
-            .flatten()
+            .rewrite_recent_or_send_made(
+                shard.inbox.shard_for_thread(),
+                RECENT,
+                cancel_queued_set,
+                Urgency::Lazy,
+                remove,
+            )
+            .ok()
     }
 
-    /// For a `reset` of `key` (hashing to `hash`) to `deadline`, whose `set` or `reset` still
-    /// waits in this thread's queue among its last few commands, as the last command counted
-    /// on the key's stripe, due no later than `deadline`: moves that command's deadline
-    /// instead, so a burst of keep-alive resets on a key costs the actor one. (An earlier
-    /// deadline is sent as a command of its own: the queued one may not have woken the actor
-    /// soon enough for it.) Returns whether it did.
-    pub(super) fn merge_queued_reset(&self, hash: u64, key: &K, deadline: i64) -> bool {
+    /// Queues a `reset` of `key` (hashing to `hash`) to `deadline`, unless its `set` or
+    /// `reset` still waits in this thread's queue among its last few commands, as the last
+    /// command counted on the key's stripe, due no later than `deadline`: that command's
+    /// deadline moves instead, so a burst of keep-alive resets on a key costs the actor one.
+    /// (An earlier deadline is sent as a command of its own: the queued one may not have woken
+    /// the actor soon enough for it.) One lock either way.
+    pub(super) fn reset(&self, hash: u64, key: &K, deadline: i64) {
         let shard = self.shard(hash);
-        let queue = shard.inbox.shard_for_thread();
-        shard
-            .inbox
-            .rewrite_recent(queue, RECENT, |command| {
-                let (queued, seq) = match command {
-                    KeyedCommand::Set {
-                        key: k,
-                        deadline: queued,
-                        seq,
-                        ..
-                    }
-                    | KeyedCommand::Reset {
-                        key: k,
-                        deadline: queued,
-                        seq,
-                    } if k == key => (queued, *seq),
-                    _ => return None,
-                };
-                let merged = *queued <= deadline && shard.ledger.is_last_counted(seq);
-                if merged {
-                    *queued = deadline;
+        let stripe = Ledger::stripe(hash);
+        if self.wheel.shared.is_closed() {
+            return;
+        }
+        let move_queued = |command: &mut KeyedCommand<K, V>| {
+            let (queued, seq) = match command {
+                KeyedCommand::Set {
+                    key: k,
+                    deadline: queued,
+                    seq,
+                    ..
                 }
-                Some(merged)
-            })
-            .unwrap_or(false)
+                | KeyedCommand::Reset {
+                    key: k,
+                    deadline: queued,
+                    seq,
+                } if k == key => (queued, *seq),
+                _ => return None,
+            };
+            if *queued <= deadline && shard.ledger.is_last_counted(seq) {
+                *queued = deadline;
+                Some(Some(()))
+            } else {
+                Some(None)
+            }
+        };
+        let reset = || KeyedCommand::Reset {
+            key: key.clone(),
+            deadline,
+            seq: shard.ledger.sending(stripe),
+        };
+        let _ = shard.inbox.rewrite_recent_or_send_made(
+            shard.inbox.shard_for_thread(),
+            RECENT,
+            move_queued,
+            by(deadline),
+            reset,
+        );
     }
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::actor::inbox::Urgency;
 use crate::actor::keyed::KeyedCommand;
 use crate::timer::keyed::DeadlineWord;
 
@@ -169,16 +168,7 @@ where
     }
 
     fn reset_offset(&self, key: &K, deadline: i64) {
-        let hash = self.hash(key);
-        if self.set.merge_queued_reset(hash, key, deadline) {
-            return;
-        }
-        let reset = |seq| KeyedCommand::Reset {
-            key: key.clone(),
-            deadline,
-            seq,
-        };
-        self.set.send(hash, by(deadline), reset);
+        self.set.reset(self.hash(key), key, deadline);
     }
 
     /// Removes `key` so it does not expire. Fire-and-forget: use [`take`](Self::take) to know
@@ -188,16 +178,8 @@ where
     /// has taken that set, takes its place in the queue: the actor files nothing (the
     /// request-deadline pattern of a keyed set: an ack before the timer was ever filed).
     pub fn remove(&self, key: &K) {
-        let hash = self.hash(key);
-        if let Some(cancelled) = self.set.remove_queued_set(hash, key) {
-            drop(cancelled);
-            return;
-        }
-        let remove = |seq| KeyedCommand::Remove {
-            key: key.clone(),
-            seq,
-        };
-        self.set.send(hash, Urgency::Lazy, remove);
+        // A set taken out of the queue drops its value here, outside the lock.
+        drop(self.set.remove(self.hash(key), key));
     }
 
     /// Removes `key` and returns its value: `Some` if and only if it was removed before it
