@@ -56,6 +56,14 @@ use crate::timer::shared::Shared;
 /// The actor runs while anything still needs it — a handle, a future, a job, a keyed entry —
 /// and then exits on its own; a detached job still fires after every handle is dropped.
 /// [`shutdown`](Wheel::shutdown) stops it early, resolving everything pending.
+///
+/// # Cost
+///
+/// A wheel runs one task per timer actor ([`Builder::timer_shards`](crate::Builder::timer_shards))
+/// and takes about 2 KiB besides its actors' tables: 16 copies of what its handles share, so
+/// that futures and jobs made on many threads each keep their reference count on their own
+/// thread's cache line (one shared count cost 8 producers on 2 cores ~40 % of their time).
+/// Each keyed set adds an actor per shard ([`Builder::shards`](crate::Builder::shards)).
 #[derive(Clone)]
 pub struct Wheel {
     pub(crate) inner: Arc<WheelContext>,
