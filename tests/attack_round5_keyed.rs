@@ -14,6 +14,7 @@ use support::round5::*;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_wheel::Wheel;
@@ -140,6 +141,11 @@ fn a_task_moving_between_workers_keeps_its_commands_in_order() {
 
 // ───────────── chains of hand-offs between threads ─────────────
 
+/// How far ahead this file's "soon" deadlines are: far enough that no hand-off between two
+/// threads of a loaded machine lags that long (the later command must return before it),
+/// near enough that a command applied out of order fires within the test.
+const SOON: Duration = Duration::from_millis(1_500);
+
 /// Thread A inserts and moves the entry earlier, B postpones it (through the handle or by
 /// key), C moves it again: each later call was made after the earlier returned, so every
 /// entry ends due in two hours and nothing fires, whatever thread made what.
@@ -158,7 +164,7 @@ fn a_chain_of_three_threads_ends_with_the_last_move_made() {
                 let t = timers.insert(k, k, HOUR);
                 if k % 2 == 0 {
                     // Earlier, through the handle: a store and a command.
-                    t.reset_at(Instant::now() + ms(20));
+                    t.reset_at(Instant::now() + SOON);
                 }
                 to_b.send(t).unwrap();
             }
@@ -173,7 +179,7 @@ fn a_chain_of_three_threads_ends_with_the_last_move_made() {
                     t.reset(2 * HOUR);
                 } else {
                     // Earlier, by key, while the handle sits in a channel.
-                    timers.reset_at(t.key(), Instant::now() + ms(20));
+                    timers.reset_at(t.key(), Instant::now() + SOON);
                 }
                 to_c.send(t).unwrap();
             }
@@ -194,8 +200,9 @@ fn a_chain_of_three_threads_ends_with_the_last_move_made() {
     b.join().unwrap();
     let handles = c.join().unwrap();
     runtime.block_on(async {
-        // Well past every 20 ms deadline: a move applied out of order would have fired by now.
-        tokio::time::sleep(ms(300)).await;
+        // Well past every earlier deadline: a move applied out of order would have fired by
+        // now.
+        tokio::time::sleep(SOON + ms(300)).await;
         assert_eq!(wheel.stats().fired, 0, "an earlier move undid a later one");
         assert_eq!(timers.len().await, keys as usize);
         for t in &handles {
@@ -228,7 +235,7 @@ fn hand_offs_through_a_mutex_keep_set_set_take_in_order() {
         runtime.spawn(async move {
             for k in 0..keys {
                 // Due soon: value 1 arriving means the second set lost to it.
-                timers.set(k, 1, ms(40));
+                timers.set(k, 1, SOON);
                 second.lock().unwrap().push(k);
                 if k % 8 == 0 {
                     tokio::task::yield_now().await;

@@ -146,8 +146,10 @@ fn own_thread_with_three_timer_shards_from_many_threads() {
             .await
             .expect("flush hung");
         let stats = wheel.stats();
-        assert_eq!(stats.inserted, 6 * 20 + 6, "{stats:?}");
-        assert_eq!(stats.fired, 6 * 20 + 6, "{stats:?}");
+        // A sleep first polled after its deadline (its thread preempted for a few ms) is
+        // ready without registering: every registered one fired, jobs always register.
+        assert!((6..=6 * 20 + 6).contains(&stats.inserted), "{stats:?}");
+        assert_eq!(stats.fired, stats.inserted, "{stats:?}");
         assert_eq!(stats.pending, 0, "{stats:?}");
         // Pending work on every shard, then shutdown resolves it all.
         let far = Duration::from_secs(3_600);
@@ -222,7 +224,8 @@ fn two_hundred_fifty_six_timer_shards_all_lanes_in_use() {
                     let (wheel, handle) = (wheel.clone(), runtime.handle().clone());
                     scope.spawn(move || {
                         let _entered = handle.enter();
-                        let mut sleep = wheel.sleep_until(start + Duration::from_millis(200));
+                        // Far: still pending when polled, however late this thread runs.
+                        let mut sleep = wheel.sleep_until(start + Duration::from_secs(60));
                         assert!(
                             futures::FutureExt::poll_unpin(
                                 &mut sleep,

@@ -35,8 +35,10 @@ fn a_remove_made_on_another_thread_after_the_set_always_wins() {
         let timers = timers.clone();
         std::thread::spawn(move || {
             for key in 0..KEYS {
-                // Due soon: a removal lost to the set would show as an expiration too.
-                timers.set(key, key, Duration::from_millis(50 + key % 50));
+                // Due soon: a removal lost to the set would show as an expiration too. (Not
+                // sooner than the remover may lag behind on a loaded machine: it must come
+                // first.)
+                timers.set(key, key, Duration::from_millis(1_500 + key % 50));
                 handed.send(key).unwrap();
             }
         })
@@ -45,7 +47,7 @@ fn a_remove_made_on_another_thread_after_the_set_always_wins() {
     remover.join().unwrap();
     runtime.block_on(async {
         assert_eq!(timers.len().await, 0, "a remove applied before its set");
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(1_600)).await;
         drop(timers);
         let fired = expired.next().await;
         assert!(fired.is_none(), "a removed key fired: {fired:?}");

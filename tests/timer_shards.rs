@@ -57,7 +57,9 @@ fn sleeps_from_many_threads_all_complete_and_none_early() {
         let mut rng = Rng(index as u64 + 1);
         let start = Instant::now();
         let sleeps = (0..per_thread).map(|_| {
-            let deadline = start + Duration::from_millis(1) + rng.millis(30);
+            // A second ahead: a sleep first polled after its deadline is ready without
+            // registering, and the counts below expect every one registered.
+            let deadline = start + Duration::from_secs(1) + rng.millis(30);
             let sleep = w.sleep_until(deadline);
             async move {
                 sleep.await;

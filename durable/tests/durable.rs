@@ -80,8 +80,10 @@ async fn a_task_is_delivered_at_its_due_time_and_ack_deletes_it(backend: Backend
     let d = next(&mut deliveries).await;
     let arrived = SystemTime::now();
     assert!(arrived >= due, "delivered early");
+    // Generous for a loaded machine (a claim commits to the store), still short of what a
+    // 1-second poller would show half the time.
     assert!(
-        arrived.duration_since(due).unwrap() < ms(150),
+        arrived.duration_since(due).unwrap() < ms(500),
         "delivered late: idle consumers must be woken, not poll"
     );
     assert_eq!((d.id(), d.payload(), d.attempt()), (&id, &b"hello"[..], 1));

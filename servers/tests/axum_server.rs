@@ -179,7 +179,9 @@ async fn graceful_shutdown_lets_a_request_in_progress_finish() {
     let mut idle = connect(addr, Http::One).await;
     idle.get("/").await.unwrap();
     let request = tokio::spawn(async move { slow.get(&format!("/slow/{LONG_MS}")).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Long enough for the request to reach the handler on a loaded machine, well inside the
+    // handler's LONG_MS.
+    tokio::time::sleep(Duration::from_millis(LONG_MS / 2)).await;
     stop.send(()).unwrap();
     let answer = request
         .await
