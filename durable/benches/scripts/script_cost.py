@@ -93,7 +93,7 @@ def load(name):
     return r.call('SCRIPT', 'LOAD', prelude + open(os.path.join(sdir, name)).read()).decode()
 q = 'tw:{cost}:'
 K = {k: q + k for k in ['payload', 'meta', 'due', 'inflight', 'dead', 'seq', 'token', 'idle',
-                        'wake', 'stats', 'lateness']}
+                        'wake', 'stats', 'lateness', 'paused']}
 lease, window, attempts = 5000, 5000, 10
 per_task = {'tw-schedule': [], 'tw-claim': [], 'tw-finish': []}
 try:
@@ -113,7 +113,7 @@ try:
         while True:
             number += 1
             keys = [K['meta'], K['due'], K['inflight'], K['dead'], K['token'], K['payload'],
-                    q + 'claim:w1', K['idle'], K['stats'], K['lateness']]
+                    q + 'claim:w1', K['idle'], K['stats'], K['lateness'], K['paused']]
             reply = r.call('EVALSHA', claim, len(keys), *keys, 'tw-claim', lease, B, attempts,
                            K['wake'], 100, 'w1', number)
             tasks = reply[4:]
