@@ -88,6 +88,12 @@ impl DurableQueue {
 
     /// Stores the task; returns its id once it is durable.
     ///
+    /// Dropping the future before it answers does not withdraw the task: once handed to the
+    /// store (on Redis, in a batch with other callers' tasks, retried after a lost reply) it
+    /// may still be made, at any point until that call's retries end. A later `schedule` of
+    /// the same id made meanwhile can therefore be overtaken by it; await the first call (or
+    /// [`cancel`](Self::cancel) after it) when the order matters.
+    ///
     /// # Errors
     ///
     /// [`Error::InFlight`] if a task with this id is being delivered, [`Error::Invalid`] for
