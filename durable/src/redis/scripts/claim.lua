@@ -126,28 +126,31 @@ else
       local payloads = redis.call('HMGET', KEYS[6], unpack(ids))
       local last = redis.call('INCRBY', KEYS[5], #due)
       local leases, records, replays = {}, {}, {}
+      -- Every lease of this call ends at once: its score is formatted once (a Lua number
+      -- handed to a command is formatted by Redis as a double, at a cost per value).
+      local lease_end = fmt(now + lease)
+      local first_token = last - #due
+      -- Arrays filled by index, not `table.insert` (a function call per value).
+      local o = #out
       for k, id in ipairs(ids) do
         local st, d, seq, att, t, r, call = parse(metas[k])
-        local tok = fmt(last - #due + k)
-        table.insert(leases, now + lease)
-        table.insert(leases, id)
-        table.insert(replays, id)
-        table.insert(replays, tok)
-        table.insert(records, id)
+        local tok = fmt(first_token + k)
+        local two = 2 * k
+        leases[two - 1], leases[two] = lease_end, id
+        replays[two - 1], replays[two] = id, tok
+        records[two - 1] = id
         local attempt, body = '0', r -- a recurring schedule: attempt 0, its definition
         if st == 'r' then
-          table.insert(records, record('R', d, seq, 0, tok, r, call))
+          records[two] = record('R', d, seq, 0, tok, r, call)
         else
           att = att + 1
-          table.insert(records, record('i', d, seq, att, tok, '', call))
+          records[two] = record('i', d, seq, att, tok, '', call)
           attempt, body = fmt(att), payloads[k] or ''
-          table.insert(late, fmt(math.max(now - d, 0)))
+          late[#late + 1] = fmt(math.max(now - d, 0))
         end
-        table.insert(out, id)
-        table.insert(out, fmt(d))
-        table.insert(out, attempt)
-        table.insert(out, tok)
-        table.insert(out, body)
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
+          id, fmt(d), attempt, tok, body
+        o = o + 5
       end
       redis.call('ZADD', KEYS[3], unpack(leases))
       redis.call('SET', KEYS[7], prefix .. cmsgpack.pack(replays), 'PX', lease)
@@ -179,5 +182,5 @@ end
 nd = nd or redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local nl = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 local head = {fmt(now), nd[2] or '', nl[2] or '', fmt(more)}
-for _, v in ipairs(out) do table.insert(head, v) end
+for i = 1, #out do head[i + 4] = out[i] end
 return head

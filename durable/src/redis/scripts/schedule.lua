@@ -99,16 +99,15 @@ for i = 0, n - 1 do
       if due <= now then wake_one(KEYS[6]) else redis.call('PUBLISH', ARGV[2], fmt(due)) end
       head = due
     end
-    table.insert(payloads, id)
-    table.insert(payloads, payload)
-    table.insert(records, id)
-    table.insert(records, record('p', due, seq_next, 0, '0', '', call))
-    table.insert(members, due)
-    table.insert(members, member(seq_next, id))
+    local w = #members
+    payloads[w + 1], payloads[w + 2] = id, payload
+    records[w + 1], records[w + 2] = id, record('p', due, seq_next, 0, '0', '', call)
+    -- The score as text: a Lua number handed to a command is formatted as a double.
+    members[w + 1], members[w + 2] = fmt(due), member(seq_next, id)
     fresh[id] = true
     answer = 'OK'
   end
-  table.insert(out, answer)
+  out[i + 1] = answer
 end
 flush()
 redis.call('SET', KEYS[8], cmsgpack.pack(out), 'PX', ARGV[3])
