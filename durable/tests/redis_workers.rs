@@ -115,6 +115,24 @@ fn read_log(log: &Path) -> (Vec<Seen>, Vec<(usize, String)>) {
     (delivered, acked)
 }
 
+/// The log once `done` says it holds what the test waits for, or after `limit`: a worker
+/// process writes its ack line only once its `ack` has returned, a moment after the queue
+/// (whose `len` counts it gone as soon as the ack is applied) looks empty.
+fn read_log_once(
+    log: &Path,
+    limit: Duration,
+    done: impl Fn(&[(usize, String)]) -> bool,
+) -> (Vec<Seen>, Vec<(usize, String)>) {
+    let start = Instant::now();
+    loop {
+        let (delivered, acked) = read_log(log);
+        if done(&acked) || start.elapsed() >= limit {
+            return (delivered, acked);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 async fn wait_until_empty(queue: &DurableQueue, limit: Duration) {
     let start = Instant::now();
     while queue.len().await.unwrap() > 0 {
@@ -184,7 +202,8 @@ fn a_killed_worker_loses_nothing() {
         }
         wait_until_empty(&queue, Duration::from_secs(60)).await;
     });
-    let (delivered, acked) = read_log(&log);
+    let (delivered, acked) =
+        read_log_once(&log, Duration::from_secs(20), |acked| acked.len() >= 10_000);
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for (_, id, _) in &delivered {
         *counts.entry(id.as_str()).or_default() += 1;
@@ -235,7 +254,14 @@ fn a_killed_worker_loses_nothing() {
     workers.0[0].kill().unwrap(); // SIGKILL, mid-lease
     workers.0[0].wait().unwrap();
     runtime.block_on(wait_until_empty(&queue, Duration::from_secs(60)));
-    let (delivered, acked) = read_log(&log);
+    let (delivered, acked) = read_log_once(&log, Duration::from_secs(20), |acked| {
+        let slow: HashSet<&str> = acked
+            .iter()
+            .map(|(_, id)| id.as_str())
+            .filter(|id| id.starts_with("slow-"))
+            .collect();
+        slow.len() >= 400
+    });
     let held_by_killed: Vec<(&str, u32)> = delivered
         .iter()
         .filter(|(w, id, _)| *w == 0 && id.starts_with("slow-"))
