@@ -6,6 +6,9 @@
 //! Public API only (API.md section 3, "Fairness and memory"). Deadlines that must not race
 //! are an hour or more away; every real-time wait has a give-up timeout of 30 s or more.
 
+mod support;
+use support::shards::{Rng, mt_runtime};
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -17,33 +20,6 @@ use tokio_wheel::{Expirations, Expired, Timers, Wheel};
 
 const GIVE_UP: Duration = Duration::from_secs(40);
 const HOUR: Duration = Duration::from_secs(3600);
-
-/// xorshift64*, seeded per test.
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn mt(workers: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn ct() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -238,14 +214,14 @@ fn model_then_shutdown(rt: tokio::runtime::Runtime, shards: usize, seed: u64, bu
 #[test]
 fn model_bursts_multi_thread_one_shard() {
     for seed in 1..=3 {
-        model_then_shutdown(mt(2), 1, seed, 60);
+        model_then_shutdown(mt_runtime(2), 1, seed, 60);
     }
 }
 
 #[test]
 fn model_bursts_multi_thread_three_shards() {
     for seed in 11..=13 {
-        model_then_shutdown(mt(2), 3, seed, 60);
+        model_then_shutdown(mt_runtime(2), 3, seed, 60);
     }
 }
 
@@ -258,8 +234,8 @@ fn model_bursts_current_thread() {
 
 #[test]
 fn model_bursts_one_worker() {
-    model_then_shutdown(mt(1), 1, 31, 60);
-    model_then_shutdown(mt(1), 2, 32, 60);
+    model_then_shutdown(mt_runtime(1), 1, 31, 60);
+    model_then_shutdown(mt_runtime(1), 2, 32, 60);
 }
 
 /// Paused time, current thread: after the model run, let every entry fire. Each fires exactly
@@ -306,7 +282,7 @@ fn model_bursts_paused_fire() {
 #[test]
 fn probe_sequences_at_every_offset_around_512() {
     for flavor in 0..2 {
-        let rt = if flavor == 0 { mt(2) } else { ct() };
+        let rt = if flavor == 0 { mt_runtime(2) } else { ct() };
         rt.block_on(async {
             let wheel = Wheel::builder().shards(1).build();
             let (timers, mut expired) = wheel.keyed::<u32, u64>();
@@ -368,7 +344,7 @@ fn probe_sequences_at_every_offset_around_512() {
 #[test]
 fn cross_task_happens_before_bursts() {
     for shards in [1usize, 3] {
-        mt(2).block_on(async {
+        mt_runtime(2).block_on(async {
             let wheel = Wheel::builder().shards(shards).build();
             let (timers, mut expired) = wheel.keyed::<u32, u64>();
             let base = Instant::now() + HOUR;
@@ -423,7 +399,7 @@ fn cross_task_happens_before_bursts() {
 /// wakes), a std mutex ordering the commands.
 #[test]
 fn cross_std_thread_happens_before_bursts() {
-    let rt = mt(2);
+    let rt = mt_runtime(2);
     let wheel = rt.block_on(async { Wheel::builder().shards(2).build() });
     let (timers, mut expired) = rt.block_on(async { wheel.keyed::<u32, u64>() });
     let base = rt.block_on(async { Instant::now() }) + HOUR;
@@ -474,7 +450,7 @@ fn cross_std_thread_happens_before_bursts() {
 #[test]
 fn drains_during_bulk_load_are_prefixes() {
     for shards in [1usize, 3] {
-        mt(2).block_on(async {
+        mt_runtime(2).block_on(async {
             const N: u32 = 60_000;
             let wheel = Wheel::builder().shards(shards).build();
             let (timers, _expired) = wheel.keyed::<u32, u32>();
@@ -529,7 +505,7 @@ fn drains_during_bulk_load_are_prefixes() {
 #[test]
 fn len_during_bulk_load_monotone_and_exact() {
     for shards in [1usize, 3] {
-        mt(2).block_on(async {
+        mt_runtime(2).block_on(async {
             const N: u32 = 50_000;
             let wheel = Wheel::builder().shards(shards).build();
             let (timers, _expired) = wheel.keyed::<u32, u32>();
@@ -577,7 +553,7 @@ fn len_during_bulk_load_monotone_and_exact() {
 /// taken (Some) or delivered by the stream, exactly one of the two, never early.
 #[test]
 fn take_vs_expiry_during_bulk_load() {
-    mt(2).block_on(async {
+    mt_runtime(2).block_on(async {
         const N: u32 = 20_000;
         let wheel = Wheel::builder().shards(2).build();
         let (timers, mut expired) = wheel.keyed::<u32, u32>();
@@ -637,7 +613,7 @@ fn take_vs_expiry_during_bulk_load() {
 fn never_yielding_producers_do_not_hang() {
     const N: u32 = 100_000;
     for workers in [2usize, 1] {
-        let rt = mt(workers);
+        let rt = mt_runtime(workers);
         rt.block_on(async {
             let wheel = Wheel::new();
             let (timers, _expired) = wheel.keyed::<u32, u32>();
@@ -713,7 +689,7 @@ fn never_yielding_producers_do_not_hang() {
 #[test]
 fn actors_on_another_runtime() {
     // actors on MT, producer on CT
-    let actors = mt(2);
+    let actors = mt_runtime(2);
     let producer = ct();
     let wheel = Wheel::builder()
         .shards(2)
@@ -730,7 +706,7 @@ fn actors_on_another_runtime() {
             let _ = stop_rx.await;
         });
     });
-    let producer = mt(2);
+    let producer = mt_runtime(2);
     let wheel = Wheel::builder()
         .shards(1)
         .runtime(handle)
@@ -788,7 +764,7 @@ fn run_other_runtime(producer: &tokio::runtime::Runtime, wheel: Wheel, what: &st
 #[test]
 fn shutdown_during_bulk_load() {
     for shards in [1usize, 3] {
-        let rt = mt(2);
+        let rt = mt_runtime(2);
         let wheel = rt.block_on(async { Wheel::builder().shards(shards).build() });
         let (timers, mut expired) = rt.block_on(async { wheel.keyed::<u32, u32>() });
         const N: u32 = 80_000;
@@ -900,7 +876,7 @@ fn drop_timers_mid_bulk_paused() {
 /// real time, ms deadlines): each key fires exactly once, never early, the stream ends.
 #[test]
 fn drop_timers_mid_bulk_multi_thread() {
-    mt(2).block_on(async {
+    mt_runtime(2).block_on(async {
         let wheel = Wheel::builder().shards(3).build();
         let (timers, mut expired) = wheel.keyed::<u32, u32>();
         let start = Instant::now();
@@ -933,7 +909,7 @@ fn drop_timers_mid_bulk_multi_thread() {
 /// calls still answer exactly.
 #[test]
 fn drop_expirations_mid_bulk() {
-    mt(2).block_on(async {
+    mt_runtime(2).block_on(async {
         let wheel = Wheel::builder().shards(2).build();
         let (timers, expired) = wheel.keyed::<u32, u32>();
         let start = Instant::now();
@@ -969,7 +945,7 @@ fn drop_expirations_mid_bulk() {
 /// and ends.
 #[test]
 fn drop_runtime_mid_bulk() {
-    let rt = mt(2);
+    let rt = mt_runtime(2);
     let wheel = rt.block_on(async { Wheel::builder().shards(2).build() });
     let (timers, mut expired) = rt.block_on(async { wheel.keyed::<u32, u32>() });
     const N: u32 = 200_000;
@@ -1038,7 +1014,7 @@ fn drop_runtime_mid_bulk() {
 /// every set-and-not-removed key fires once, the removed ones never.
 #[test]
 fn removes_right_behind_sets_never_fire() {
-    mt(2).block_on(async {
+    mt_runtime(2).block_on(async {
         let wheel = Wheel::builder().shards(3).build();
         let (timers, mut expired) = wheel.keyed::<u32, u32>();
         let start = Instant::now();
@@ -1186,7 +1162,11 @@ fn paused_near_deadlines_bursts_fire_at_final_deadline() {
 #[test]
 fn model_bursts_with_handles() {
     for (workers, shards, seed) in [(2usize, 1usize, 61u64), (2, 3, 62), (0, 2, 63)] {
-        let rt = if workers == 0 { ct() } else { mt(workers) };
+        let rt = if workers == 0 {
+            ct()
+        } else {
+            mt_runtime(workers)
+        };
         rt.block_on(async {
             let wheel = Wheel::builder().shards(shards).build();
             let (timers, mut expired) = wheel.keyed::<u32, u64>();
@@ -1319,7 +1299,7 @@ impl Runner {
 #[test]
 fn ping_pong_across_threads_on_one_key() {
     for shards in [1usize, 2] {
-        let rt = mt(2);
+        let rt = mt_runtime(2);
         let wheel = rt.block_on(async { Wheel::builder().shards(shards).build() });
         let (timers, mut expired) = rt.block_on(async { wheel.keyed::<u32, u64>() });
         let base = rt.block_on(async { Instant::now() }) + HOUR;
