@@ -248,7 +248,8 @@ async fn twq_dashboard_answers_a_frozen_or_dead_redis_with_an_error_page_without
     };
     let url = redis_queue_for_the_board(&server, async |_| {}).await;
     let addr = format!("127.0.0.1:{}", free_port());
-    let board = start(&board_args(&url, "ops", &addr, &[]), &addr);
+    // A 2 s call timeout (5 s by default): each frozen or dead page below waits it out.
+    let board = start(&board_args(&url, "ops", &addr, &["--timeout", "2s"]), &addr);
     let token = csrf(&tokio::task::block_in_place(|| board.get("/")).body);
     let pages = [
         "/",
@@ -258,7 +259,7 @@ async fn twq_dashboard_answers_a_frozen_or_dead_redis_with_an_error_page_without
         "/task?id=p-1",
     ];
 
-    // Frozen: the pages answer 504 once the call timeout (5 s) has passed, rather than hang.
+    // Frozen: the pages answer 504 once the call timeout has passed, rather than hang.
     // Two pages (the overview and a task's) stand for all: each costs a whole call timeout.
     unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) };
     let mut problems = Vec::new();

@@ -9,7 +9,6 @@ mod support;
 
 use std::time::{Duration, SystemTime};
 
-use axum::http::StatusCode;
 use fantoccini::{Client, Locator};
 use tokio_wheel::Wheel;
 use tokio_wheel_durable::{DurableQueue, Recurring, Task, TaskFilter, TaskId, TaskState};
@@ -431,7 +430,7 @@ async fn twq_dashboard_on_redis_never_shows_the_password_and_writes_only_when_as
     assert_eq!(count(&client, "form.action").await, 0);
     let refused =
         tokio::task::block_in_place(|| board.post("/actions/cancel", "id=hook-1&confirm=yes"));
-    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert_eq!(refused.status, axum::http::StatusCode::FORBIDDEN);
     assert!(state_of(&queue, "hook-1").await.is_some());
     client.close().await.unwrap();
     drop(board);
