@@ -9,6 +9,14 @@ each invocation's execution time, summed per script and divided by N. Medians ov
 SCRIPT_DIR defaults to durable/src/redis/scripts; `floor/` next to this file holds the least a
 script set with the same states could do (no checks, no replies kept, no stats), for
 comparison. Needs redis-server on PATH; no Python package beyond the standard library.
+
+With NATIVE=1 it then also measures a schedule's whole server CPU (`INFO cpu`: the script, the
+commands it calls, and the event loop's read, parse and write of each invocation) two ways,
+the same N tasks in calls of B, one call at a time (redis-server pinned to CPU 0, the client
+to CPU 1): `schedule.lua` as the queue sends it, and
+the native commands that write the same three entries per task (payload, record, due-set
+member) in one MULTI/EXEC with no check and no kept reply: what a schedule of a generated id
+would cost the server with no Lua on its path (issue 30 item 1).
 """
 import os, socket, statistics, subprocess, sys, tempfile, time
 
@@ -137,6 +145,73 @@ try:
 finally:
     server.terminate()
     server.wait()
+
+
+def server_cpu():
+    info = r.call('INFO', 'cpu').decode()
+    fields = dict(line.split(':', 1) for line in info.split('\r\n') if ':' in line)
+    return float(fields['used_cpu_user']) + float(fields['used_cpu_sys'])
+
+
+def schedule_by_script(rnd):
+    for start in range(0, N, B):
+        keys = [K['payload'], K['meta'], K['due'], K['dead'], K['seq'], K['idle'],
+                K['inflight'], q + 'call:n%d-%d' % (rnd, start)]
+        args = ['tw-schedule', K['wake'], window, 2**62]
+        for i in range(start, min(N, start + B)):
+            args += ['n-%d-%d' % (rnd, i), b'x' * 64, 'at', 1_800_000_000_000 + i, 'c%d' % i]
+        r.call('EVALSHA', schedule, len(keys), *keys, *args)
+
+
+def schedule_native(rnd):
+    # The same three entries per task, as the script writes them, from text the client made.
+    for start in range(0, N, B):
+        payloads, records, members = [], [], []
+        for i in range(start, min(N, start + B)):
+            task, due = 'n-%d-%d' % (rnd, i), 1_800_000_000_000 + i
+            payloads += [task, b'x' * 64]
+            records += [task, 'p|%d|%d|0|0|c%d|' % (due, i, i)]
+            members += [due, '%020d:%s' % (i, task)]
+        batch = [encode(['MULTI']), encode(['HSET', K['payload'], *payloads]),
+                 encode(['HSET', K['meta'], *records]), encode(['ZADD', K['due'], *members]),
+                 encode(['EXEC'])]
+        r.sock.sendall(b''.join(batch))
+        for _ in batch:
+            r._reply()
+
+
+if os.environ.get('NATIVE') == '1':
+    # redis-server on CPU 0 and this client on CPU 1 where there are two, as a server of its own.
+    pin = ['taskset', '-c', '0'] if (os.cpu_count() or 1) >= 2 else []
+    if pin:
+        os.sched_setaffinity(0, {1})
+    server = subprocess.Popen(pin + ['redis-server', '--port', str(port), '--bind', '127.0.0.1',
+        '--save', '', '--appendonly', 'no', '--dir', tempfile.mkdtemp()],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            r = Redis(port)
+            r.call('PING')
+            break
+        except OSError:
+            time.sleep(0.05)
+    cpu = {'schedule.lua': [], 'native MULTI': []}
+    try:
+        schedule = load('schedule.lua')
+        for rnd in range(ROUNDS):
+            for label, run in [('schedule.lua', schedule_by_script), ('native MULTI', schedule_native)]:
+                r.call('FLUSHALL')
+                before = server_cpu()
+                run(rnd)
+                cpu[label].append((server_cpu() - before) * 1e6 / N)
+                assert r.call('ZCARD', K['due']) == N, label
+    finally:
+        server.terminate()
+        server.wait()
+    for label, runs in cpu.items():
+        print(f'{label:12s} {statistics.median(runs):6.2f} us/task of server CPU (INFO cpu)   '
+              f'runs {[round(x, 2) for x in runs]}   (N={N}, calls of {B})')
+
 total = 0
 for label, runs in per_task.items():
     median = statistics.median(runs)
