@@ -405,7 +405,9 @@ async fn a_recurring_period_delivers_each_occurrence_once(backend: Backend) {
         occurrences.push(at);
         d.ack().await.unwrap();
     }
-    assert!((4..=7).contains(&occurrences.len()), "{occurrences:?}");
+    // At most the 7 occurrences due in 1.3 s (more would be early or twice); at least two,
+    // however loaded the machine (missed ones collapse into one, so fewer than 7 is no fault).
+    assert!((2..=7).contains(&occurrences.len()), "{occurrences:?}");
     let distinct: HashSet<_> = occurrences.iter().collect();
     assert_eq!(
         distinct.len(),
@@ -489,7 +491,9 @@ async fn missed_occurrences_collapse_after_a_restart_of_the_embedded_store() {
         let f = fixture(Backend::Embedded).unwrap();
         let queue = f.open().await;
         queue
-            .schedule_recurring(Recurring::every(ms(100)).id(id).catch_up(catch_up))
+            // A period of 250 ms: the first delivery after the restart may come that late
+            // on a loaded machine before the next occurrence is due, not only 100 ms.
+            .schedule_recurring(Recurring::every(ms(250)).id(id).catch_up(catch_up))
             .await
             .unwrap();
         let mut deliveries = queue.deliveries();
@@ -501,7 +505,7 @@ async fn missed_occurrences_collapse_after_a_restart_of_the_embedded_store() {
         }
         drop(deliveries);
         queue.close().await;
-        tokio::time::sleep(ms(1_000)).await; // about ten occurrences missed
+        tokio::time::sleep(ms(2_500)).await; // about ten occurrences missed
         let queue = f.reopen(DurableQueue::builder()).await;
         let mut deliveries = queue.deliveries();
         let first = next(&mut deliveries).await;
