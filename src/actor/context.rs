@@ -115,7 +115,7 @@ impl WheelContext {
     }
 
     /// The lane timers registered on this thread go to.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn lane_for_thread(&self) -> u32 {
         self.lane_and_shard(thread_seed()).0
     }

@@ -745,7 +745,7 @@ impl<C> Inbox<C> {
 
     /// Takes one shard's commands (tests: one step of [`take_each`](Self::take_each), to
     /// make a send land between two shards' takes).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn take_one(&self, shard: usize, into: &mut VecDeque<C>) -> usize {
         let mut state = self.lock(shard);
         let took = state.commands.len();
