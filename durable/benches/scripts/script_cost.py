@@ -10,7 +10,7 @@ SCRIPT_DIR defaults to durable/src/redis/scripts; `floor/` next to this file hol
 script set with the same states could do (no checks, no replies kept, no stats), for
 comparison. Needs redis-server on PATH; no Python package beyond the standard library.
 
-With NATIVE=1 it then also measures a schedule's whole server CPU (`INFO cpu`: the script, the
+With NATIVE=1 it then also measures (NATIVE=only: only that) a schedule's whole server CPU (`INFO cpu`: the script, the
 commands it calls, and the event loop's read, parse and write of each invocation) two ways,
 the same N tasks in calls of B, one call at a time (redis-server pinned to CPU 0, the client
 to CPU 1): `schedule.lua` as the queue sends it, and
@@ -106,7 +106,8 @@ lease, window, attempts = 5000, 5000, 10
 per_task = {'tw-schedule': [], 'tw-claim': [], 'tw-finish': []}
 try:
     schedule, claim, finish = load('schedule.lua'), load('claim.lua'), load('finish.lua')
-    for rnd in range(ROUNDS):
+    # NATIVE=only: just the comparison below.
+    for rnd in range(0 if os.environ.get('NATIVE') == 'only' else ROUNDS):
         r.call('FLUSHALL')
         r.call('SLOWLOG', 'RESET')
         for start in range(0, N, B):
@@ -180,7 +181,7 @@ def schedule_native(rnd):
             r._reply()
 
 
-if os.environ.get('NATIVE') == '1':
+if os.environ.get('NATIVE') in ('1', 'only'):
     # redis-server on CPU 0 and this client on CPU 1 where there are two, as a server of its own.
     pin = ['taskset', '-c', '0'] if (os.cpu_count() or 1) >= 2 else []
     if pin:
@@ -214,7 +215,10 @@ if os.environ.get('NATIVE') == '1':
 
 total = 0
 for label, runs in per_task.items():
+    if not runs:
+        continue
     median = statistics.median(runs)
     total += median
     print(f'{label:12s} {median:6.2f} us/task   runs {[round(x, 2) for x in runs]}')
-print(f'{"all three":12s} {total:6.2f} us/task   (N={N}, batch={B}, {sdir})')
+if total:
+    print(f'{"all three":12s} {total:6.2f} us/task   (N={N}, batch={B}, {sdir})')
