@@ -80,16 +80,24 @@ class Redis:
 
 port = int(subprocess.check_output([sys.executable, '-c',
     'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])']))
-server = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
-    '--appendonly', 'no', '--dir', tempfile.mkdtemp(), '--slowlog-log-slower-than', '0',
-    '--slowlog-max-len', '100000'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-for _ in range(100):
-    try:
-        r = Redis(port)
-        r.call('PING')
-        break
-    except OSError:
-        time.sleep(0.05)
+
+
+def start_server(*options, pin=()):
+    """A redis-server of our own on `port` (no persistence), and a client once it answers."""
+    server = subprocess.Popen([*pin, 'redis-server', '--port', str(port), '--bind', '127.0.0.1',
+        '--save', '', '--appendonly', 'no', '--dir', tempfile.mkdtemp(), *options],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            client = Redis(port)
+            client.call('PING')
+            return server, client
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError('redis-server did not answer')
+
+
+server, r = start_server('--slowlog-log-slower-than', '0', '--slowlog-max-len', '100000')
 
 queue_scripts = os.path.join(here, '..', '..', 'src', 'redis', 'scripts')
 
@@ -186,16 +194,7 @@ if os.environ.get('NATIVE') in ('1', 'only'):
     pin = ['taskset', '-c', '0'] if (os.cpu_count() or 1) >= 2 else []
     if pin:
         os.sched_setaffinity(0, {1})
-    server = subprocess.Popen(pin + ['redis-server', '--port', str(port), '--bind', '127.0.0.1',
-        '--save', '', '--appendonly', 'no', '--dir', tempfile.mkdtemp()],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            r = Redis(port)
-            r.call('PING')
-            break
-        except OSError:
-            time.sleep(0.05)
+    server, r = start_server(pin=pin)
     cpu = {'schedule.lua': [], 'native MULTI': []}
     try:
         schedule = load('schedule.lua')
