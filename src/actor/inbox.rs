@@ -35,10 +35,12 @@
 //! current-thread runtimes' threads wait like any thread.) The actor applies
 //! what it takes in slices, bounded in time, firing and yielding to the runtime in between
 //! (see `actor::run`).
+//!
+//! Here: the shards and the senders' paths. `room`: the bound, and where a sender waits;
+//! `slots`: the timer pool's free lists; `take`: the actor's side (taking, trimming, stopping).
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
 
 #[cfg(loom)]
@@ -52,16 +54,12 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use crate::timer::pool::{Pool, Slot};
+mod room;
+mod slots;
+mod take;
 
-/// Command capacity a shard keeps after a flood; more is given back once the actor is idle.
-const RETAINED_COMMANDS: usize = 4 * 1024;
-
-/// Commands the shards of one inbox hold at most together before senders wait for the actor
-/// (each shard its share, at least [`MIN_SHARD_BOUND`]): with the batch the actor is applying,
-/// at most twice this waits — a few tens of MiB of commands at ~40 bytes each.
-pub(crate) const BOUND_COMMANDS: usize = 256 * 1024;
-const MIN_SHARD_BOUND: usize = 4 * 1024;
+use room::MIN_SHARD_BOUND;
+pub(crate) use room::{BOUND_COMMANDS, as_actor};
 
 /// Commands queued in a shard at which a send wakes the actor whatever their urgency, in an
 /// inbox [`taking_early`](Inbox::taking_early): a producer that queues thousands of commands
@@ -69,29 +67,6 @@ const MIN_SHARD_BOUND: usize = 4 * 1024;
 /// beside it, on another core, rather than all at once when it finally asks for an answer.
 /// One wake-up per this many commands.
 const EARLY_TAKE: usize = 512;
-
-/// How long a sender waits for the actor to take its full shard before it concludes the
-/// actor is not running (its current-thread runtime not driven, say) and goes on: waiting
-/// longer could deadlock a program whose runtime's driver waits for that sender.
-const STALL: std::time::Duration = std::time::Duration::from_secs(1);
-
-std::thread_local! {
-    /// Set while this thread runs an actor's synchronous work (applying commands, firing):
-    /// a send made there (a value's `Drop`) must never wait for the actor.
-    static IN_ACTOR: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `work` as the actor: sends it makes never wait for room.
-pub(crate) fn as_actor<R>(work: impl FnOnce() -> R) -> R {
-    struct Reset(bool);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            IN_ACTOR.with(|flag| flag.set(self.0));
-        }
-    }
-    let _reset = Reset(IN_ACTOR.with(|flag| flag.replace(true)));
-    work()
-}
 
 /// Keeps each shard on its own cache lines.
 #[repr(align(128))]
@@ -153,32 +128,6 @@ impl<C> EveryShard<'_, C> {
         self.inbox
             .queue_made(&mut self.states[shard], urgency, make)
     }
-}
-
-/// Drops the indices of freed segments from `free` and orders the rest by segment, highest
-/// first, so that `pop` hands out the lowest segment's slots first. A counting sort by
-/// segment: linear in the list, whatever its order.
-fn lowest_segment_last(free: &mut Vec<u32>, pool: &Pool) {
-    let mut counts = vec![0usize; Pool::SEGMENTS + 1];
-    free.retain(|&index| {
-        let segment = Pool::segment_of(index);
-        let live = pool.is_allocated(segment);
-        if live {
-            // Highest segment first: bucket `SEGMENTS - 1 - segment`.
-            counts[Pool::SEGMENTS - segment] += 1;
-        }
-        live
-    });
-    for bucket in 1..counts.len() {
-        counts[bucket] += counts[bucket - 1];
-    }
-    let mut sorted = vec![0u32; free.len()];
-    for &index in free.iter() {
-        let bucket = Pool::SEGMENTS - 1 - Pool::segment_of(index);
-        sorted[counts[bucket]] = index;
-        counts[bucket] += 1;
-    }
-    *free = sorted;
 }
 
 /// How long a command that only gives memory back may wait for the actor's next wake-up.
@@ -323,13 +272,6 @@ impl<C> Inbox<C> {
         (position, notify)
     }
 
-    /// This inbox is one of `parts` that share one bound (a keyed set's shards): its shards
-    /// hold a `parts`-th of [`BOUND_COMMANDS`] together (each at least [`MIN_SHARD_BOUND`]).
-    pub(crate) fn sharing_bound_with(mut self, parts: usize) -> Self {
-        self.bound = (BOUND_COMMANDS / parts.max(1) / self.shards.len()).max(MIN_SHARD_BOUND);
-        self
-    }
-
     /// Has a send wake the actor once its shard holds [`EARLY_TAKE`] commands, whatever their
     /// urgency, and hand it to an idle worker: for a keyed set, whose bulk loads the actor
     /// then applies beside the producer. Not for the timer actors: there a queued sleep
@@ -337,17 +279,6 @@ impl<C> Inbox<C> {
     /// file it (measured: one task's schedule + cancel of 10^4 sleeps twice as slow).
     pub(crate) fn taking_early(mut self) -> Self {
         self.early_take = EARLY_TAKE;
-        self
-    }
-
-    /// Says which runtime the actor runs on (see [`wait_for_room`](Self::wait_for_room)).
-    pub(crate) fn with_actor_on(mut self, runtime: &tokio::runtime::Handle) -> Self {
-        self.actor_known = true;
-        self.actor_current_thread = matches!(
-            runtime.runtime_flavor(),
-            tokio::runtime::RuntimeFlavor::CurrentThread
-        )
-        .then(|| runtime.id());
         self
     }
 
@@ -405,58 +336,6 @@ impl<C> Inbox<C> {
             .0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn is_full(&self, state: &Shard<C>) -> bool {
-        state.commands.len() >= self.bound
-    }
-
-    /// After a send that filled `shard` (its lock let go, the actor notified): waits until the
-    /// actor has taken the shard, where waiting cannot stop the actor (see the module).
-    fn wait_for_room(&self, shard: usize) {
-        if IN_ACTOR.with(Cell::get) {
-            return;
-        }
-        let wait = || {
-            let mut state = self.lock(shard);
-            let give_up = std::time::Instant::now() + STALL;
-            while !state.stopped && !state.stalled && self.is_full(&state) {
-                let left = give_up.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    tracing::warn!(
-                        "a timer wheel's actor did not take its commands for {STALL:?}: \
-                         senders stop waiting for it until it does"
-                    );
-                    state.stalled = true;
-                    break;
-                }
-                state.waiting += 1;
-                state = self.shards[shard]
-                    .0
-                    .1
-                    .wait_timeout(state, left)
-                    .map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
-                state.waiting -= 1;
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Err(_) => wait(),
-            Ok(here) => match here.runtime_flavor() {
-                tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(wait),
-                // Another current-thread runtime: its thread may wait, the actor runs
-                // elsewhere. The actor's own (or one not said): waiting could stop it for good.
-                _ if self.actor_known && self.actor_current_thread != Some(here.id()) => wait(),
-                _ => {}
-            },
-        }
-    }
-
-    /// Lets the senders waiting for room in a shard just taken go on.
-    fn room_made(&self, shard: usize, state: &mut Shard<C>) {
-        state.stalled = false;
-        if state.waiting > 0 {
-            self.shards[shard].0.1.notify_all();
-        }
     }
 
     /// Queues a command; gives it back if the actor has stopped. Returns where in the shard's
@@ -644,183 +523,9 @@ impl<C> Inbox<C> {
         }
     }
 
-    /// Gives `slot` straight back to `shard`'s free list, for a handle whose timer the actor
-    /// has fired and so no longer holds: no command, no work for the actor. `false` while the
-    /// actor watches for slots coming back ([`watch_returns`](Self::watch_returns)): the
-    /// caller then sends its release as usual. Once the actor has stopped there is nothing to
-    /// do (the slot goes with the pool).
-    pub(crate) fn give_back(&self, shard: usize, slot: u32) -> bool {
-        let mut state = self.lock(shard);
-        if state.stopped {
-            return true;
-        }
-        // Stored by the actor before it locks the shards to count free slots: a handle that
-        // takes the lock after that count sees it, one before put its slot where it counts.
-        if self.watch_returns.load(Ordering::Relaxed) {
-            return false;
-        }
-        state.free.push(slot);
-        true
-    }
-
-    /// Whether handles should send their releases through the actor (see
-    /// [`give_back`](Self::give_back)). Set before a memory release counts the free lists.
-    pub(crate) fn watch_returns(&self, on: bool) {
-        self.watch_returns.store(on, Ordering::Relaxed);
-    }
-
-    /// Takes a free pool slot, lets `make` set it up and build the command that files it, and
-    /// queues that command, all under the shard's lock. Returns the slot and the command's
-    /// position in the queue, or `None` if the actor has stopped.
-    pub(crate) fn send_with_slot(
-        &self,
-        shard: usize,
-        pool: &Pool,
-        urgency: Urgency,
-        make: impl FnOnce(u32, &Slot) -> C,
-    ) -> Option<(u32, u32)> {
-        let mut state = self.lock(shard);
-        if state.stopped {
-            return None;
-        }
-        let index = match state.free.pop() {
-            Some(index) => index,
-            None => {
-                // Lowest indices first: they keep the actor's tables dense.
-                state.free.extend(pool.grow().rev());
-                state.free.pop().expect("a segment has slots")
-            }
-        };
-        let command = make(index, pool.get(index));
-        let (position, notify) = self.push(&mut state, command, urgency);
-        self.after_send(shard, state, Some(notify));
-        Some((index, position))
-    }
-
-    /// Moves every queued command into `into` (shard by shard, each in order) and gives each
-    /// shard back the slots in `freed[shard]`. Returns how many commands it took.
-    pub(crate) fn take_all(&self, into: &mut VecDeque<C>, freed: &mut [Vec<u32>]) -> usize {
-        let before = into.len();
-        // Cleared first: a send that lands in a shard already taken sets it again.
-        self.pending.store(false, Ordering::SeqCst);
-        for shard in 0..self.shards.len() {
-            let mut state = self.lock(shard);
-            state.notified = false;
-            state.flagged = false;
-            if into.is_empty() {
-                std::mem::swap(&mut state.commands, into);
-            } else {
-                into.append(&mut state.commands);
-            }
-            if let Some(freed) = freed.get_mut(shard) {
-                state.free.append(freed);
-            }
-            self.room_made(shard, &mut state);
-        }
-        into.len() - before
-    }
-
-    /// Moves each shard's queued commands to the back of `into[shard]`, for an actor that puts
-    /// the shards' commands back in the order they were made itself (a keyed set's). Returns
-    /// how many it took.
-    pub(crate) fn take_each(&self, into: &mut [VecDeque<C>]) -> usize {
-        debug_assert_eq!(into.len(), self.shards.len());
-        // Cleared first: a send that lands in a shard already taken sets it again.
-        self.pending.store(false, Ordering::SeqCst);
-        let mut took = 0;
-        for (shard, into) in into.iter_mut().enumerate() {
-            let mut state = self.lock(shard);
-            state.notified = false;
-            state.flagged = false;
-            took += state.commands.len();
-            if into.is_empty() {
-                std::mem::swap(&mut state.commands, into);
-            } else {
-                into.append(&mut state.commands);
-            }
-            self.room_made(shard, &mut state);
-        }
-        took
-    }
-
-    /// Takes one shard's commands (tests: one step of [`take_each`](Self::take_each), to
-    /// make a send land between two shards' takes).
-    #[cfg(all(test, not(loom)))]
-    pub(crate) fn take_one(&self, shard: usize, into: &mut VecDeque<C>) -> usize {
-        let mut state = self.lock(shard);
-        let took = state.commands.len();
-        into.append(&mut state.commands);
-        self.room_made(shard, &mut state);
-        took
-    }
-
-    /// Whether every shard before `shard` (by index: the order [`take_each`](Self::take_each)
-    /// takes them in) is empty; waits for a send in progress on each.
-    pub(crate) fn empty_before(&self, shard: usize) -> bool {
-        (0..shard).all(|before| self.lock(before).commands.is_empty())
-    }
-
     /// How many shards the inbox has.
     pub(crate) fn shard_count(&self) -> usize {
         self.shards.len()
-    }
-
-    /// Whether a shard holds a flood-sized command buffer.
-    pub(crate) fn holds_memory(&self) -> bool {
-        (0..self.shards.len()).any(|shard| self.lock(shard).commands.capacity() > RETAINED_COMMANDS)
-    }
-
-    /// Gives back the command buffers a flood left behind in the shards.
-    pub(crate) fn trim(&self) {
-        for shard in 0..self.shards.len() {
-            let mut state = self.lock(shard);
-            if state.commands.is_empty() && state.commands.capacity() > RETAINED_COMMANDS {
-                state.commands = VecDeque::new();
-            }
-        }
-    }
-
-    /// Frees every pool segment from `keep` on (by segment number) none of whose slots is in
-    /// use, and orders the free lists lowest segment first (see `timer::pool`). Every shard is
-    /// locked meanwhile, so no slot can be taken. Returns the indices of the segments freed.
-    pub(crate) fn release_segments(
-        &self,
-        pool: &Pool,
-        freed: &mut [Vec<u32>],
-        keep: usize,
-    ) -> Vec<Range<u32>> {
-        let mut shards: Vec<_> = (0..self.shards.len()).map(|s| self.lock(s)).collect();
-        for (state, freed) in shards.iter_mut().zip(freed.iter_mut()) {
-            state.free.append(freed);
-        }
-        // Free slots per segment. An index is in at most one free list, and only once nobody
-        // holds it (the protocol of `timer::pool`): a segment with every slot free is unused.
-        let mut free = vec![0u32; Pool::SEGMENTS];
-        for state in &shards {
-            for &index in &state.free {
-                free[Pool::segment_of(index)] += 1;
-            }
-        }
-        let mut released = Vec::new();
-        for (segment, &count) in free.iter().enumerate().skip(keep) {
-            if count == Pool::segment_len(segment) {
-                // SAFETY: every index of the segment is in a free list, so no handle holds
-                // one nor can reach the slots (a handle gives an index back only once it no
-                // longer touches the slot), and the actor, which alone puts indices there, no
-                // longer holds them either. None can be taken while these locks are held, and
-                // the indices leave the free lists below, before the locks are released.
-                if let Some(range) = unsafe { pool.release(segment) } {
-                    released.push(range);
-                }
-            }
-        }
-        for state in &mut shards {
-            lowest_segment_last(&mut state.free, pool);
-            if state.free.capacity() > 2 * state.free.len() + 64 {
-                state.free.shrink_to_fit();
-            }
-        }
-        released
     }
 
     /// The last sending handle is gone.
@@ -841,31 +546,6 @@ impl<C> Inbox<C> {
     /// Completes once a command may be queued (possibly spuriously).
     pub(crate) async fn wait(&self) {
         self.wake.notified().await;
-    }
-
-    /// Refuses all further sends and moves what was still queued into `into`.
-    pub(crate) fn stop(&self, into: &mut VecDeque<C>) {
-        for shard in 0..self.shards.len() {
-            let mut state = self.lock(shard);
-            state.stopped = true;
-            into.append(&mut state.commands);
-            state.commands = VecDeque::new();
-            self.room_made(shard, &mut state);
-        }
-    }
-
-    /// [`stop`](Self::stop), each shard's commands into `into[shard]`; returns how many.
-    pub(crate) fn stop_each(&self, into: &mut [VecDeque<C>]) -> usize {
-        let mut took = 0;
-        for (shard, into) in into.iter_mut().enumerate() {
-            let mut state = self.lock(shard);
-            state.stopped = true;
-            took += state.commands.len();
-            into.append(&mut state.commands);
-            state.commands = VecDeque::new();
-            self.room_made(shard, &mut state);
-        }
-        took
     }
 }
 

@@ -12,6 +12,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::*;
+use crate::timer::pool::Pool;
 use crate::timer::state::State;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Unit tests of the inbox (included from `inbox.rs`).
 
 use super::*;
+use crate::timer::pool::Pool;
 
 /// Test commands are numbers; 0 is the placeholder.
 macro_rules! numbers_have_a_placeholder {
