@@ -36,8 +36,10 @@
 //! what it takes in slices, bounded in time, firing and yielding to the runtime in between
 //! (see `actor::run`).
 //!
-//! Here: the shards and the senders' paths. `room`: the bound, and where a sender waits;
-//! `slots`: the timer pool's free lists; `take`: the actor's side (taking, trimming, stopping).
+//! Here: the senders' paths. `shards`: the state behind each lock; `room`: the bound, and
+//! where a sender waits; `slots`: the timer pool's free lists; `take`: the actor's side
+//! (taking, trimming, stopping). Imports run one way: this file uses its parts, they use
+//! only `shards`.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -55,11 +57,14 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 mod room;
+mod shards;
 mod slots;
 mod take;
 
 use room::MIN_SHARD_BOUND;
 pub(crate) use room::{BOUND_COMMANDS, as_actor};
+pub(crate) use shards::{Inbox, Urgency};
+use shards::{Padded, Shard};
 
 /// Commands queued in a shard at which a send wakes the actor whatever their urgency, in an
 /// inbox [`taking_early`](Inbox::taking_early): a producer that queues thousands of commands
@@ -67,47 +72,6 @@ pub(crate) use room::{BOUND_COMMANDS, as_actor};
 /// beside it, on another core, rather than all at once when it finally asks for an answer.
 /// One wake-up per this many commands.
 const EARLY_TAKE: usize = 512;
-
-/// Keeps each shard on its own cache lines.
-#[repr(align(128))]
-#[derive(Debug)]
-struct Padded<T>(T);
-
-#[derive(Debug)]
-struct Shard<C> {
-    commands: VecDeque<C>,
-    /// A send since the actor last took this shard has notified it.
-    notified: bool,
-    /// A send since the actor last took this shard has set the inbox's `pending` flag: later
-    /// sends into it skip that store and its fence (the flag is one line all shards share).
-    flagged: bool,
-    /// Pool slots this shard may hand out.
-    free: Vec<u32>,
-    /// The actor stopped: sends are refused.
-    stopped: bool,
-    /// Senders waiting for room in this shard (a full shard).
-    waiting: usize,
-    /// A sender waited [`STALL`] for the actor to take this full shard in vain (the actor's
-    /// runtime is not being driven): until the actor takes it, sends no longer wait.
-    stalled: bool,
-}
-
-/// A shard behind its lock, and where senders wait for the actor to take it.
-type Room<C> = (Mutex<Shard<C>>, Condvar);
-
-/// How soon the actor must see a command. A send wakes the actor only if it would not
-/// otherwise look at its inbox in time: most commands cost no wake-up at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Urgency {
-    /// At once: a barrier, or a question someone awaits.
-    Now,
-    /// By this deadline (a clock offset): a wake-up only if the actor sleeps past it.
-    By(u64),
-    /// Soon, within [`LAZY_BOUND`]: releases and cancellations, which only give memory back.
-    /// While commands flow the actor keeps a look armed within that bound (see `actor`'s
-    /// "lazy look"), so these wake it only after a quiet spell.
-    Lazy,
-}
 
 /// Every shard of an inbox, locked ([`Inbox::lock_every_shard`]).
 pub(crate) struct EveryShard<'a, C> {
@@ -138,42 +102,6 @@ pub(crate) const LAZY_BOUND: u64 = 10_000_000;
 pub(crate) trait Placeholder {
     fn placeholder() -> Self;
     fn is_placeholder(&self) -> bool;
-}
-
-/// The command queue of one actor.
-#[derive(Debug)]
-pub(crate) struct Inbox<C> {
-    /// Each shard, and where its senders wait for room.
-    shards: Box<[Padded<Room<C>>]>,
-    /// Commands a shard holds before a send waits for the actor to take them.
-    bound: usize,
-    /// Commands a shard holds when a send wakes the actor whatever their urgency
-    /// ([`taking_early`](Self::taking_early)); `usize::MAX`: never.
-    early_take: usize,
-    /// The runtime the actor runs on, when it is a current-thread one: a send made on that
-    /// runtime's thread must not wait (it may be the thread the actor needs). `None` and
-    /// [`actor_known`](Self::actor_known) false: not said, so no current-thread runtime
-    /// waits.
-    actor_current_thread: Option<tokio::runtime::Id>,
-    actor_known: bool,
-    wake: Notify,
-    /// Every handle that can send is gone.
-    senders_gone: AtomicBool,
-    /// The clock offset the actor will next look at its inbox by itself (`u64::MAX`: not
-    /// before a command wakes it). Stored before the actor's last look at the shards, read
-    /// under a shard's lock: a sender either sees it or the actor sees the sender's command.
-    next_look: AtomicU64,
-    /// Whether that next look comes within [`LAZY_BOUND`].
-    looks_soon: AtomicBool,
-    /// Set by a send into an empty shard, cleared when the actor takes: lets the actor see
-    /// whether anything came in without taking every shard's lock.
-    pending: AtomicBool,
-    /// Set while the actor waits for pool slots to come back (a memory release found
-    /// segments still in use): handles then release fired timers' slots through the actor,
-    /// which counts them, rather than straight into a free list ([`give_back`]).
-    ///
-    /// [`give_back`]: Self::give_back
-    watch_returns: AtomicBool,
 }
 
 /// Lets another worker run a task this worker just woke (the actor, for an early take) while
@@ -327,15 +255,6 @@ impl<C> Inbox<C> {
         } else {
             seed % shards
         }
-    }
-
-    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard<C>> {
-        // No code panics while holding these locks; recover the data if it ever happens.
-        self.shards[shard]
-            .0
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Queues a command; gives it back if the actor has stopped. Returns where in the shard's

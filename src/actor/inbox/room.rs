@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 
-use super::{Inbox, Shard};
+use super::shards::{Inbox, Shard};
 
 /// Commands the shards of one inbox hold at most together before senders wait for the actor
 /// (each shard its share, at least [`MIN_SHARD_BOUND`]): with the batch the actor is applying,

@@ -9,7 +9,7 @@ use loom::sync::atomic::Ordering;
 #[cfg(not(loom))]
 use std::sync::atomic::Ordering;
 
-use super::{Inbox, Urgency};
+use super::shards::{Inbox, Urgency};
 use crate::timer::pool::{Pool, Slot};
 
 /// Drops the indices of freed segments from `free` and orders the rest by segment, highest

@@ -8,7 +8,7 @@ use loom::sync::atomic::Ordering;
 #[cfg(not(loom))]
 use std::sync::atomic::Ordering;
 
-use super::Inbox;
+use super::shards::Inbox;
 
 /// Command capacity a shard keeps after a flood; more is given back once the actor is idle.
 const RETAINED_COMMANDS: usize = 4 * 1024;
