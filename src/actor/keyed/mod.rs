@@ -41,7 +41,7 @@ use self::order::{Counted, Merge, Place, Placed};
 use self::tables::{CHUNK, Chunk, Due, Entries, Entry, Words, due_at};
 use super::inbox::Inbox;
 use super::timeline::{Moves, Timeline, Verdict};
-use super::{Backlog, Ctx, Machine};
+use super::{Backlog, Ctx, Machine, PREFETCH_AHEAD};
 use crate::timer::clock::Clock;
 use crate::timer::keyed::{self as word, DeadlineWord, Ledger, Moved, Ordinals, Seq};
 use crate::timer::shared::Shared;
@@ -631,8 +631,21 @@ where
             holds.hold(id, due_at(deadline), limit, ledger, stripe);
             Verdict::Later(limit)
         });
-        for (id, deadline) in due {
-            let hash = self.hasher.hash_one(&self.entries.get(id).key);
+        // Keys expire in deadline order, not the index's: at 10^5 keys each lookup of
+        // `forget` missed the cache (~90 % of its time, measured). Their lines are asked for
+        // a few entries ahead, so the misses overlap (as `apply_slice` does for commands).
+        let hashes: Vec<u64> = due
+            .iter()
+            .map(|&(id, _)| self.hasher.hash_one(&self.entries.get(id).key))
+            .collect();
+        for &hash in hashes.iter().take(PREFETCH_AHEAD) {
+            self.index.prefetch(hash);
+        }
+        for (at, (id, deadline)) in due.into_iter().enumerate() {
+            if let Some(&ahead) = hashes.get(at + PREFETCH_AHEAD) {
+                self.index.prefetch(ahead);
+            }
+            let hash = hashes[at];
             // A fired entry's word is gone already: retiring it again changes nothing.
             let (entry, _) = self.forget(id, hash);
             ctx.delta.record_fire(due_at(deadline), now);
