@@ -5,28 +5,33 @@
 //! removed one is; the delivered keys are an unbroken prefix of the producer's order; the
 //! stream ends and calls on the stopped wheel answer empty at once. Stats add up.
 
+mod support;
+use support::shards::{ct_runtime as ct, mt_runtime as mt, within};
+
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use tokio_wheel::{Expirations, Wheel};
+use tokio_wheel::{Expirations, Timers, Wheel};
 
 /// Reads the stream to its end (bounded), returning key -> (count, all_shutdown).
 async fn read_all(mut exp: Expirations<u64, u64>) -> HashMap<u64, (usize, bool)> {
     let mut m: HashMap<u64, (usize, bool)> = HashMap::new();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), exp.next()).await {
-            Ok(Some(e)) => {
-                assert_eq!(*e.key(), *e.value());
-                let ent = m.entry(*e.key()).or_insert((0, true));
-                ent.0 += 1;
-                ent.1 &= e.is_shutdown();
-            }
-            Ok(None) => return m,
-            Err(_) => panic!("expirations stream hung after {} keys", m.len()),
-        }
+    while let Some(e) = within("the expirations stream", exp.next()).await {
+        assert_eq!(*e.key(), *e.value());
+        let ent = m.entry(*e.key()).or_insert((0, true));
+        ent.0 += 1;
+        ent.1 &= e.is_shutdown();
     }
+    m
+}
+
+/// Calls on a stopped wheel answer at once, empty.
+async fn answers_empty(t: &Timers<u64, u64>) {
+    assert_eq!(within("len", t.len()).await, 0);
+    assert_eq!(within("take", t.take(&2)).await, None);
+    assert!(within("drain", t.drain()).await.is_empty());
 }
 
 fn check(
@@ -63,13 +68,13 @@ fn check(
     // prefix: if j delivered then every non-removed k<j delivered
     if let Some(maxk) = m.keys().max() {
         let holes: Vec<_> = (0..*maxk)
-            .filter(|k| k % 3 != 0 && !m.contains_key(k))
+            .filter(|k| !removed(*k) && !m.contains_key(k))
             .take(10)
             .collect();
         // removed keys above the cut may show only at the very top (the boundary key)
         let late_removed: Vec<_> = m
             .keys()
-            .filter(|k| *k % 3 == 0 && **k >= must_upto && **k != *maxk)
+            .filter(|k| removed(**k) && **k >= must_upto && **k != *maxk)
             .take(5)
             .collect();
         assert!(
@@ -112,37 +117,11 @@ async fn shutdown_mid_load(shards: usize, n: u64, yield_every: u64, shutdown_aft
     };
     tokio::time::sleep(Duration::from_millis(shutdown_after_ms)).await;
     called.store(true, Ordering::SeqCst);
-    tokio::time::timeout(Duration::from_secs(30), w.shutdown())
-        .await
-        .expect("shutdown hung");
+    within("shutdown", w.shutdown()).await;
     let b = before_idx.load(Ordering::SeqCst);
-    tokio::time::timeout(Duration::from_secs(30), prod)
-        .await
-        .expect("producer hung")
-        .unwrap();
-    // calls on a stopped wheel return promptly, empty
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(5), t.len())
-            .await
-            .expect("len hung"),
-        0
-    );
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(5), t.take(&2))
-            .await
-            .expect("take hung"),
-        None
-    );
-    assert!(
-        tokio::time::timeout(Duration::from_secs(5), t.drain())
-            .await
-            .expect("drain hung")
-            .is_empty()
-    );
-    let m = tokio::time::timeout(Duration::from_secs(60), reader)
-        .await
-        .expect("reader hung")
-        .unwrap();
+    within("the producer", prod).await.unwrap();
+    answers_empty(&t).await;
+    let m = within("the reader", reader).await.unwrap();
     eprintln!("shards {shards}: before_idx {b}, delivered {}", m.len());
     check(&m, b, n, |k| k % 3 == 0);
     let s = w.stats();
@@ -203,51 +182,16 @@ fn runtime_drop_mid_load(rt: tokio::runtime::Runtime, shards: usize, n: u64, dro
     gone.store(true, Ordering::SeqCst);
     let b = before_idx.load(Ordering::SeqCst);
     drop(rt);
-    let other = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    other.block_on(async {
-        let m = tokio::time::timeout(Duration::from_secs(60), read_all(exp))
-            .await
-            .expect("reader hung");
+    ct().block_on(async {
+        let m = read_all(exp).await;
         eprintln!("shards {shards}: before_idx {b}, delivered {}", m.len());
         check(&m, b, n, |k| k % 3 == 0);
         assert!(w.is_shutdown());
-        tokio::time::timeout(Duration::from_secs(5), w.stopped())
-            .await
-            .expect("stopped hung");
-        tokio::time::timeout(Duration::from_secs(5), w.shutdown())
-            .await
-            .expect("shutdown hung");
-        assert_eq!(
-            tokio::time::timeout(Duration::from_secs(5), t.len())
-                .await
-                .expect("len hung"),
-            0
-        );
-        assert_eq!(
-            tokio::time::timeout(Duration::from_secs(5), t.take(&2))
-                .await
-                .expect("take hung"),
-            None
-        );
+        within("stopped", w.stopped()).await;
+        within("shutdown", w.shutdown()).await;
+        answers_empty(&t).await;
     });
     prod.join().unwrap();
-}
-
-fn mt(n: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(n)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-fn ct() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]

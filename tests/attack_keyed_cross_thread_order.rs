@@ -4,19 +4,57 @@
 //! a `KeyedTimer` handed over a channel (API.md §3: "Commands from one handle take effect in
 //! the order they were made"; the handle and the by-key calls act on the same entry).
 
+mod support;
+use support::shards::within;
+
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
-use tokio_wheel::Wheel;
+use tokio_wheel::{Expirations, Timers, Wheel};
+
+/// Checks `len`, stops the wheel and returns what the shutdown flush delivered, key →
+/// (value, deadline), each key at most once.
+async fn flushed(
+    wheel: &Wheel,
+    timers: &Timers<u64, u64>,
+    mut expired: Expirations<u64, u64>,
+    len: usize,
+) -> HashMap<u64, (u64, Instant)> {
+    assert_eq!(within("len", timers.len()).await, len, "len");
+    within("shutdown", wheel.shutdown()).await;
+    let mut got = HashMap::new();
+    while let Some(e) = within("the expirations stream", expired.next()).await {
+        assert!(
+            got.insert(*e.key(), (*e.value(), e.deadline())).is_none(),
+            "key {} delivered twice",
+            e.key()
+        );
+    }
+    got
+}
+
+/// Fails with the first few keys whose delivery is not `want(key)`.
+fn assert_each<T: PartialEq + std::fmt::Debug>(
+    n: u64,
+    got: impl Fn(u64) -> Option<T>,
+    want: impl Fn(u64) -> Option<T>,
+) {
+    let bad: Vec<_> = (0..n)
+        .filter(|&k| got(k) != want(k))
+        .map(|k| (k, got(k), want(k)))
+        .take(6)
+        .collect();
+    assert!(bad.is_empty(), "(key, delivered, expected): {bad:?}");
+}
 
 /// Thread A sets keys; thread B, after seeing A's call returned (atomic progress), acts on the same key
 /// through another Timers clone. B's command must take effect after A's.
 async fn cross(shards: usize, n: u64) {
     let w = Wheel::builder().shards(shards).build();
-    let (t, mut exp) = w.keyed::<u64, u64>();
+    let (t, exp) = w.keyed::<u64, u64>();
     let start = Instant::now();
     let prog = Arc::new(AtomicU64::new(0));
     let (ta, pa) = (t.clone(), prog.clone());
@@ -44,48 +82,16 @@ async fn cross(shards: usize, n: u64) {
     });
     a.join().unwrap();
     b.join().unwrap();
-    let want = (n - n.div_ceil(4)) as usize;
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(60), t.len())
-            .await
-            .unwrap(),
-        want,
-        "len"
-    );
-    tokio::time::timeout(Duration::from_secs(60), w.shutdown())
-        .await
-        .unwrap();
-    let mut got = HashMap::new();
-    while let Some(e) = tokio::time::timeout(Duration::from_secs(30), exp.next())
-        .await
-        .expect("hung")
-    {
-        assert!(
-            got.insert(*e.key(), (*e.value(), e.deadline())).is_none(),
-            "twice"
-        );
-    }
-    let mut bad = Vec::new();
-    for i in 0..n {
-        let exp_v = match i % 4 {
+    let got = flushed(&w, &t, exp, (n - n.div_ceil(4)) as usize).await;
+    assert_each(
+        n,
+        |i| got.get(&i).map(|&(v, d)| (v, d - start)),
+        |i| match i % 4 {
             0 => None,
-            1 => Some((2, start + Duration::from_secs(5000))),
-            2 => Some((1, start + Duration::from_secs(100))),
-            _ => Some((1, start + Duration::from_secs(3600))),
-        };
-        if got.get(&i).copied() != exp_v {
-            bad.push((
-                i,
-                got.get(&i).map(|(v, d)| (*v, *d - start)),
-                exp_v.map(|(v, d)| (v, d - start)),
-            ));
-        }
-    }
-    assert!(
-        bad.is_empty(),
-        "{} wrong: {:?}",
-        bad.len(),
-        &bad[..bad.len().min(6)]
+            1 => Some((2, Duration::from_secs(5000))),
+            2 => Some((1, Duration::from_secs(100))),
+            _ => Some((1, Duration::from_secs(3600))),
+        },
     );
 }
 
@@ -105,7 +111,7 @@ async fn ct_cross_s2() {
 /// Handle passed to another thread: B's handle calls come after A's by-key calls.
 async fn handle_cross(shards: usize, n: u64) {
     let w = Wheel::builder().shards(shards).build();
-    let (t, mut exp) = w.keyed::<u64, u64>();
+    let (t, exp) = w.keyed::<u64, u64>();
     let start = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel();
     let ta = t.clone();
@@ -127,42 +133,18 @@ async fn handle_cross(shards: usize, n: u64) {
     });
     a.join().unwrap();
     b.join().unwrap();
-    let want = (0..n).filter(|i| i % 3 != 2).count();
-    assert_eq!(
-        tokio::time::timeout(Duration::from_secs(60), t.len())
-            .await
-            .unwrap(),
-        want,
-        "len"
-    );
-    tokio::time::timeout(Duration::from_secs(60), w.shutdown())
-        .await
-        .unwrap();
-    let mut got = HashMap::new();
-    while let Some(e) = tokio::time::timeout(Duration::from_secs(30), exp.next())
-        .await
-        .expect("hung")
-    {
-        assert!(got.insert(*e.key(), e.deadline()).is_none(), "twice");
-    }
-    let mut bad = Vec::new();
-    for i in 0..n {
-        let want = match i % 3 {
-            0 => Some(start + Duration::from_secs(2000)),
-            1 => Some(start + Duration::from_secs(500)),
+    let got = flushed(&w, &t, exp, (0..n).filter(|i| i % 3 != 2).count()).await;
+    assert_each(
+        n,
+        |i| got.get(&i).map(|&(_, d)| d - start),
+        |i| match i % 3 {
+            0 => Some(Duration::from_secs(2000)),
+            1 => Some(Duration::from_secs(500)),
             _ => None,
-        };
-        if got.get(&i).copied() != want {
-            bad.push((i, got.get(&i).map(|d| *d - start), want.map(|d| d - start)));
-        }
-    }
-    assert!(
-        bad.is_empty(),
-        "{} wrong: {:?}",
-        bad.len(),
-        &bad[..bad.len().min(6)]
+        },
     );
 }
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mt2_handle_cross_s1() {
     handle_cross(1, 100_000).await

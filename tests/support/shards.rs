@@ -31,7 +31,23 @@ pub fn mt_runtime(workers: usize) -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A current-thread runtime on the real clock.
+pub fn ct_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 pub const GUARD: Duration = Duration::from_secs(60);
+
+/// Awaits `f`, failing the test if it takes longer than [`GUARD`] (a hang, not a slow run).
+pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(GUARD, f).await {
+        Ok(out) => out,
+        Err(_) => panic!("gave up after {GUARD:?}: {what} hangs"),
+    }
+}
 
 /// |a - b| <= 1 ms (deadlines round to a tick).
 pub fn close(a: tokio::time::Instant, b: tokio::time::Instant) -> bool {
