@@ -320,8 +320,10 @@ impl Ledger {
     /// A command on a key of `stripe` is about to be queued: counts it and returns its place.
     /// Counted first, so the actor can never have applied more than was counted; and under the
     /// lock of the inbox shard it goes to, so each shard's queue is in counting order.
-    /// Sequentially consistent, so that all counts, in every stripe, are totally ordered
-    /// (the actor's merge relies on it: `actor::keyed::order`).
+    /// Sequentially consistent as a margin: the order the merge relies on
+    /// (`actor::keyed::order`) is carried by the shard locks, and every loom model also passes
+    /// with this count relaxed (loom checks `SeqCst` accesses as acquire/release only). On
+    /// x86 the two compile to the same locked add.
     pub(crate) fn sending(&self, stripe: usize) -> Seq {
         Seq::new(stripe, self.sent[stripe].fetch_add(1, Ordering::SeqCst))
     }
