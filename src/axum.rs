@@ -8,7 +8,9 @@
 //!   progress.
 //! - [`busy_aware`] is the make-service `axum::serve` takes: each request holds its connection
 //!   busy from the moment hyper calls the app **until its response body has been sent in full
-//!   or dropped**, and gets the peer's address as [`ConnectInfo`].
+//!   or dropped, and its request body has been read to its end or dropped** (an upload the
+//!   app still reads after answering holds it too), and gets the peer's address as
+//!   [`ConnectInfo`].
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
@@ -38,9 +40,11 @@
 //! What counts, said plainly:
 //!
 //! - **HTTP/1.1 and HTTP/2** (h2c with prior knowledge: feature `axum` turns on axum's
-//!   `http2`). An HTTP/2 connection is idle when none of its streams has a request in
-//!   progress and no byte has moved for the timeout; its keep-alive pings are traffic, so a
-//!   ping interval under the timeout keeps an idle HTTP/2 connection open.
+//!   `http2`). An HTTP/2 connection is idle when none of its streams is open (a response
+//!   still being sent, or a request body still coming in) and no byte has moved for the
+//!   timeout; a request body the app drops unread resets its stream, and holds nothing.
+//!   Its keep-alive pings are traffic, so a ping interval under the timeout keeps an idle
+//!   HTTP/2 connection open.
 //! - **After an upgrade** (a WebSocket), only traffic counts: the `101` response ends the
 //!   request, so a socket silent for the timeout is closed. Send pings more often than that.
 //! - **Without `busy_aware`** (plain `app` given to `axum::serve` with an `IdleListener`), a
@@ -58,7 +62,8 @@
 //! request costs one busy guard (an `Arc` clone, an atomic increment, and at release a clock
 //! read and two or three atomics), no message to the wheel's actor, the `ConnectInfo`
 //! extension, and one allocation to carry the guard in axum's `Body` (none when the response
-//! body is empty).
+//! body is empty). A request with a body (an upload) costs a second guard and a second
+//! allocation, its body boxed with that guard; a request without one costs neither.
 
 use std::convert::Infallible;
 use std::fmt;
@@ -78,6 +83,7 @@ use tower_service::Service;
 
 use crate::Wheel;
 use crate::hyper::{Group, IdleHandle, IdleIo};
+use crate::tower::hold_request_body;
 use crate::tower::{BusyBody, BusyFuture, BusyService};
 
 /// A listener whose every accepted connection is an [`IdleIo`]: closed once no byte has moved
@@ -174,7 +180,8 @@ impl<L: fmt::Debug> fmt::Debug for IdleListener<L> {
 
 /// The make-service to give `axum::serve` with an [`IdleListener`]: for each connection, `app`
 /// with every request holding the connection busy until its response body has been sent in
-/// full or dropped, and carrying the peer's address as [`ConnectInfo`]`<Addr>`.
+/// full or dropped and its request body read to its end or dropped, and carrying the peer's
+/// address as [`ConnectInfo`]`<Addr>`.
 ///
 /// `app` is any service `axum::serve` takes: an `axum::Router` (with its state provided), or a
 /// tower service of axum's requests and responses. So a slow handler, a streamed body that
@@ -249,7 +256,8 @@ where
 }
 
 /// One connection's service, made by [`BusyAware`]: the app, with each request holding the
-/// connection busy until its response body is sent in full or dropped, and carrying
+/// connection busy until its response body is sent in full or dropped (and its request body
+/// read or dropped), and carrying
 /// [`ConnectInfo`]`<Addr>`.
 #[derive(Debug, Clone)]
 pub struct BusyConnection<S, Addr> {
@@ -276,21 +284,22 @@ type IntoAxum =
 fn into_axum(
     outcome: Result<Response<BusyBody<Body>>, Infallible>,
 ) -> Result<Response<Body>, Infallible> {
-    outcome.map(|response| {
-        response.map(|body| {
-            if body.is_busy() {
-                Body::new(body)
-            } else {
-                // Empty, or already released: no box for the guard.
-                body.into_inner()
-            }
-        })
-    })
+    outcome.map(|response| response.map(axum_body))
 }
 
-impl<S, B, Addr> Service<Request<B>> for BusyConnection<S, Addr>
+/// An axum body carrying its guard; one that holds none (empty, or already released) needs
+/// no box for it.
+fn axum_body(body: BusyBody<Body>) -> Body {
+    if body.is_busy() {
+        Body::new(body)
+    } else {
+        body.into_inner()
+    }
+}
+
+impl<S, Addr> Service<Request<Body>> for BusyConnection<S, Addr>
 where
-    S: Service<Request<B>, Response = Response<Body>, Error = Infallible>,
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
     Addr: Clone + Send + Sync + 'static,
 {
     type Response = Response<Body>;
@@ -301,7 +310,10 @@ where
         self.app.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // An upload still coming in after its response was sent (an HTTP/2 stream still
+        // open) holds the connection too.
+        let mut request = hold_request_body(request, self.app.idle_handle()).map(axum_body);
         request.extensions_mut().insert(self.peer.clone());
         self.app.call(request).map(into_axum as IntoAxum)
     }

@@ -46,8 +46,11 @@ use crate::{Elapsed, Wheel};
 
 #[cfg(feature = "hyper")]
 mod busy;
+pub(crate) use busy::hold_request_body;
 #[cfg(feature = "hyper")]
-pub use busy::{BusyBody, BusyFuture, BusyLayer, BusyService};
+pub use busy::{
+    BusyBody, BusyExchangeLayer, BusyExchangeService, BusyFuture, BusyLayer, BusyService,
+};
 
 /// A type-erased error, as tower's middleware returns: the same type as `tower::BoxError`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -24,6 +24,11 @@ use crate::hyper::{Busy, IdleHandle};
 /// [`IdleHandle`]; with axum, [`busy_aware`](crate::axum::busy_aware) does this for every
 /// connection of `axum::serve`.
 ///
+/// A request body still coming in after the response was sent (an HTTP/2 stream the client
+/// keeps open to go on uploading, read by a task the handler handed it to) holds the
+/// connection only with [`with_request_bodies`](Self::with_request_bodies), whose inner
+/// service sees the request bodies wrapped; this layer hands them on untouched.
+///
 /// ```
 /// use std::time::Duration;
 ///
@@ -66,6 +71,60 @@ impl BusyLayer {
     /// A layer holding `idle`'s connection busy while each request is in progress.
     pub fn new(idle: IdleHandle) -> BusyLayer {
         BusyLayer { idle }
+    }
+
+    /// The same, holding the connection busy also while each request's body is still coming
+    /// in: until it has been read to its end or dropped, even after the response has been
+    /// sent. An HTTP/2 stream whose client is still uploading is open, so its connection is
+    /// not idle; nor is an HTTP/1.1 request whose body the service still reads.
+    ///
+    /// The inner service then sees each request body wrapped in a [`BusyBody`] (this is why
+    /// [`new`](Self::new), whose inner service sees the bodies as they come, does not do it);
+    /// [`busy_aware`](crate::axum::busy_aware) does it for axum without changing the types a
+    /// handler sees.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::sync::{Arc, Mutex};
+    /// use std::time::Duration;
+    ///
+    /// use http_body_util::{BodyExt, Full};
+    /// use hyper::body::Bytes;
+    /// use hyper::{Request, Response};
+    /// use tokio_wheel::Wheel;
+    /// use tokio_wheel::hyper::IdleIo;
+    /// use tokio_wheel::tower::{BusyBody, BusyLayer};
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let wheel = Wheel::new();
+    /// let (stream, _peer) = tokio::io::duplex(64);
+    /// let io = IdleIo::new(stream, &wheel, Duration::from_secs(60));
+    /// let idle = io.handle();
+    /// let kept = Arc::new(Mutex::new(None));
+    /// let upload = {
+    ///     let kept = kept.clone();
+    ///     service_fn(move |request: Request<BusyBody<Full<Bytes>>>| {
+    ///         // Answer at once; the body is read later (by another task, say).
+    ///         *kept.lock().unwrap() = Some(request.into_body());
+    ///         async { Ok::<_, Infallible>(Response::new(String::new())) }
+    ///     })
+    /// };
+    /// let svc = ServiceBuilder::new()
+    ///     .layer(BusyLayer::new(io.handle()).with_request_bodies())
+    ///     .service(upload);
+    ///
+    /// let response = svc.oneshot(Request::new(Full::new(Bytes::from("data")))).await.unwrap();
+    /// drop(response); // the response is sent...
+    /// assert_eq!(idle.busy_count(), 1); // ...but the upload is not read yet
+    /// let body = kept.lock().unwrap().take().unwrap();
+    /// body.collect().await.unwrap();
+    /// assert_eq!(idle.busy_count(), 0);
+    /// # }
+    /// ```
+    pub fn with_request_bodies(self) -> BusyExchangeLayer {
+        BusyExchangeLayer { idle: self.idle }
     }
 }
 
@@ -138,6 +197,75 @@ where
     }
 }
 
+/// [`BusyLayer::with_request_bodies`]: each request holds its connection busy until both its
+/// response body has been sent and its request body has been read to its end (or each has
+/// been dropped).
+#[derive(Debug, Clone)]
+pub struct BusyExchangeLayer {
+    idle: IdleHandle,
+}
+
+impl<S> Layer<S> for BusyExchangeLayer {
+    type Service = BusyExchangeService<S>;
+
+    fn layer(&self, inner: S) -> BusyExchangeService<S> {
+        BusyExchangeService {
+            inner: BusyService::new(inner, self.idle.clone()),
+        }
+    }
+}
+
+/// The service [`BusyExchangeLayer`] makes: a [`BusyService`] whose inner service sees each
+/// request body wrapped in a [`BusyBody`] holding the connection busy until it ends.
+#[derive(Debug, Clone)]
+pub struct BusyExchangeService<S> {
+    inner: BusyService<S>,
+}
+
+impl<S> BusyExchangeService<S> {
+    /// The connection's handle.
+    pub fn idle_handle(&self) -> &IdleHandle {
+        self.inner.idle_handle()
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner.into_inner()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for BusyExchangeService<S>
+where
+    S: Service<Request<BusyBody<ReqBody>>, Response = Response<ResBody>>,
+    ReqBody: Body,
+    ResBody: Body,
+{
+    type Response = Response<BusyBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BusyFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> BusyFuture<S::Future> {
+        let request = hold_request_body(request, self.inner.idle_handle());
+        self.inner.call(request)
+    }
+}
+
+/// `request` with its body holding `idle`'s connection busy until the body ends or is
+/// dropped (a body already at its end takes no guard).
+pub(crate) fn hold_request_body<B: Body>(
+    request: Request<B>,
+    idle: &IdleHandle,
+) -> Request<BusyBody<B>> {
+    request.map(|body| {
+        let busy = (!body.is_end_stream()).then(|| idle.busy());
+        BusyBody::new(body, busy)
+    })
+}
+
 pin_project! {
     /// The response future of [`BusyService`]: holds the connection busy while the response
     /// is being made, then hands the guard to the response's [`BusyBody`] (an error releases
@@ -167,8 +295,9 @@ where
 }
 
 pin_project! {
-    /// A response body that holds its connection busy until it has yielded its last frame
-    /// (or an error), or is dropped — whichever comes first.
+    /// A body — a response's, or with [`BusyLayer::with_request_bodies`] a request's — that
+    /// holds its connection busy until it has yielded its last frame (or an error), or is
+    /// dropped — whichever comes first.
     ///
     /// Frames, trailers, `is_end_stream` and `size_hint` are the inner body's, unchanged.
     #[derive(Debug)]
