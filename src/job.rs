@@ -235,6 +235,16 @@ impl JobHandle<()> {
             task: Mutex::new(None),
             finished: outcome.clone(),
         });
+        if wheel.shared.is_closed() {
+            // Refused at once, as a one-shot job on a stopped wheel is: finished before the
+            // handle is returned, with no task to spawn.
+            outcome.set(Err(JobError::Shutdown));
+            return JobHandle {
+                wheel: wheel.clone(),
+                control,
+                outcome,
+            };
+        }
         let settle = Settle {
             outcome: outcome.clone(),
             aborted: control.aborted.clone(),

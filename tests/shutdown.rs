@@ -121,6 +121,31 @@ async fn calls_on_a_stopped_wheel_return_promptly() {
     assert!(late_expired.next().await.is_none());
 }
 
+/// Refused means finished before the first poll, for periodic jobs as for one-shot ones
+/// (outside attack: a periodic one spawned its driver and finished a moment later).
+#[tokio::test(start_paused = true)]
+async fn jobs_made_on_a_stopped_wheel_are_finished_before_their_first_poll() {
+    let wheel = Wheel::new();
+    wheel.shutdown().await;
+    let one_shot = wheel.spawn_after(LONG, async { 1 });
+    assert!(one_shot.is_finished());
+    assert_eq!(
+        poll_once(one_shot),
+        std::task::Poll::Ready(Err(JobError::Shutdown))
+    );
+    for schedule in [Schedule::FixedRate, Schedule::FixedDelay] {
+        let every = wheel.spawn_every(LONG, schedule, || async {});
+        assert!(every.is_finished(), "{schedule:?}");
+        assert!(!every.cancel(), "{schedule:?}: nothing was pending");
+        assert!(!every.reschedule(Instant::now() + LONG));
+        assert_eq!(
+            poll_once(every),
+            std::task::Poll::Ready(Err(JobError::Shutdown)),
+            "{schedule:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn shutdown_in_the_middle_of_a_burst_loses_nothing() {
     let wheel = Wheel::new();
