@@ -218,3 +218,40 @@ async fn axum_h2_upload_dropped_unread_lets_the_connection_go_idle() {
         .unwrap();
     drop(upload);
 }
+
+/// The same over HTTP/1.1: a request whose body the app still reads is in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_h1_upload_read_after_its_response_holds_the_connection() {
+    let wheel = Wheel::new();
+    let read = Read::default();
+    let addr = axum_server(&wheel, &read).await;
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let connection = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let (mut upload, frames) = mpsc::channel(4);
+    upload
+        .send(Ok(Frame::data(Bytes::from("first;"))))
+        .await
+        .unwrap();
+    let request = Request::post("http://test/upload")
+        .body(StreamBody::new(frames))
+        .unwrap();
+    let response = send.send_request(request).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        &body[..],
+        b"accepted",
+        "the response comes before the upload ends"
+    );
+    let sent = pause_and_finish(upload, &connection).await;
+    assert_eq!(
+        bytes_read(&read).await,
+        sent,
+        "every byte of the upload arrived"
+    );
+    drop(send);
+}
