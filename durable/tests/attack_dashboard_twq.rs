@@ -758,3 +758,65 @@ async fn a_file_with_one_task(dir: &tempfile::TempDir) -> std::path::PathBuf {
     queue.close().await;
     file
 }
+
+/// The redis crate's Unix socket URLs carry the password in their query
+/// (`redis+unix:///path?pass=…`): it never shows on a board page nor in `twq`'s output, a
+/// payload holding it included (outside attack: it showed in every page's title).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_urls_password_never_shows() {
+    let sockets = tempfile::tempdir().unwrap();
+    let socket = sockets.path().join("r.sock").display().to_string();
+    let Some(_server) =
+        support::redis_server::start_with(&["--requirepass", PASSWORD, "--unixsocket", &socket])
+    else {
+        return;
+    };
+    let url = format!("redis+unix://{socket}?pass={PASSWORD}");
+    {
+        let wheel = Wheel::new();
+        let queue = DurableQueue::builder()
+            .redis(&url, "ops", &wheel)
+            .await
+            .unwrap();
+        let payload = format!("the password is {PASSWORD}");
+        let task = Task::new(payload)
+            .id("leaky")
+            .after(Duration::from_secs(3600));
+        queue.schedule(task).await.unwrap();
+        queue.close().await;
+    }
+    let mut leaks = Vec::new();
+    let wrong = format!("redis+unix://{socket}?pass=Wr0ng-{PASSWORD}");
+    for (url, args, code) in [
+        (&url, &["stats"][..], Some(0)),
+        (&url, &["--json", "stats"], Some(0)),
+        (&url, &["get", "leaky", "--payload"], Some(0)),
+        (&url, &["--json", "get", "leaky", "--payload"], Some(0)),
+        (&wrong, &["stats"], Some(2)),
+    ] {
+        let mut all = vec!["--redis".to_owned(), url.clone(), "--queue".to_owned()];
+        all.push("ops".to_owned());
+        all.extend(args.iter().map(|arg| (*arg).to_owned()));
+        let (exit, output) = tokio::task::block_in_place(|| run(&all, Duration::from_secs(30)));
+        assert_eq!(exit, code, "twq {args:?}: {output}");
+        if output.contains(PASSWORD) {
+            leaks.push(format!("twq {args:?}: {output}"));
+        }
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let board = tokio::task::block_in_place(|| start(&board_args(&url, "ops", &addr, &[]), &addr));
+    for path in ["/".to_owned(), "/task?id=leaky".to_owned()]
+        .into_iter()
+        .chain(every_path())
+    {
+        let reply = tokio::task::block_in_place(|| board.get(&path));
+        assert!(!reply.status.is_server_error(), "{path}: {reply:?}");
+        if reply.body.contains(PASSWORD) || format!("{:?}", reply.headers).contains(PASSWORD) {
+            leaks.push(path);
+        }
+    }
+    if board.output().contains(PASSWORD) {
+        leaks.push(format!("the board's own output: {}", board.output()));
+    }
+    assert!(leaks.is_empty(), "the password shows: {leaks:#?}");
+}

@@ -68,8 +68,15 @@ fn main() -> ExitCode {
             .filter_map(|name| std::env::var(name).ok())
             .flat_map(|value| value.split(',').map(str::to_owned).collect::<Vec<String>>()),
     );
-    let split: Vec<&str> = urls.iter().flat_map(|arg| arg.split([',', '='])).collect();
-    let secrets = passwords(split.into_iter());
+    // Each comma-separated piece whole (a Unix socket URL's `?pass=` is in its query), and
+    // what follows its first `=` (`--redis=URL`).
+    let pieces: Vec<&str> = urls
+        .iter()
+        .flat_map(|arg| arg.split(','))
+        .flat_map(|piece| [Some(piece), piece.split_once('=').map(|(_, url)| url)])
+        .flatten()
+        .collect();
+    let secrets = passwords(pieces.into_iter());
 
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

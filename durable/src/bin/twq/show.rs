@@ -189,9 +189,11 @@ pub(crate) fn clean(text: &str) -> String {
 }
 
 /// The URL with the password of its user part replaced by `***`
-/// (`redis://:***@host:6379/`, `redis://user:***@host/`). The user part ends at the last `@`:
-/// a password may hold `/`, `?`, `#` or `@` unescaped.
+/// (`redis://:***@host:6379/`, `redis://user:***@host/`), and that of a Unix socket's query
+/// (`redis+unix:///run/redis.sock?pass=***`, the redis crate's form). The user part ends at
+/// the last `@`: a password may hold `/`, `?`, `#` or `@` unescaped.
 pub(crate) fn mask_url(url: &str) -> String {
+    let url = &mask_query_password(url);
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };
@@ -210,10 +212,44 @@ pub(crate) fn mask_url(url: &str) -> String {
     }
 }
 
+/// Where a Unix socket URL's password stands in its query (`?pass=…` or `&pass=…`, up to the
+/// next `&` or `#`): the redis crate reads it from there.
+fn query_password(url: &str) -> Option<std::ops::Range<usize>> {
+    let query = url.find('?')? + 1;
+    let end = url[query..]
+        .find('#')
+        .map_or(url.len(), |hash| query + hash);
+    let mut at = query;
+    for pair in url[query..end].split('&') {
+        if let Some(value) = pair.strip_prefix("pass=") {
+            let start = at + "pass=".len();
+            return Some(start..start + value.len());
+        }
+        at += pair.len() + 1;
+    }
+    None
+}
+
+fn mask_query_password(url: &str) -> String {
+    match query_password(url) {
+        Some(range) if !range.is_empty() => {
+            format!("{}***{}", &url[..range.start], &url[range.end..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// The passwords in these URLs, as written and percent-decoded (what must never be printed).
 pub(crate) fn passwords<'a>(urls: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut secrets = Vec::new();
     for url in urls {
+        if let Some(range) = query_password(url).filter(|range| !range.is_empty()) {
+            let password = &url[range];
+            secrets.push(password.to_owned());
+            // A query's value is form-encoded: `+` is a space there.
+            secrets.push(percent_decode(password));
+            secrets.push(percent_decode(&password.replace('+', " ")));
+        }
         let password = match url.find("://").map(|i| i + 3) {
             // The user part ends at the last '@' (a password may hold '/', '?', '#', '@').
             Some(scheme_end) => {
@@ -278,6 +314,38 @@ pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The redis crate's Unix socket URLs carry the password in the query (outside attack:
+    /// it showed on every board page and in `twq stats`).
+    #[test]
+    fn a_unix_socket_urls_password_is_masked() {
+        for (url, masked) in [
+            (
+                "redis+unix:///run/r.sock?pass=S0ck3t",
+                "redis+unix:///run/r.sock?pass=***",
+            ),
+            (
+                "unix:///run/r.sock?db=2&pass=S0ck3t&user=u",
+                "unix:///run/r.sock?db=2&pass=***&user=u",
+            ),
+            (
+                "redis+unix:///run/r.sock?pass=S0ck3t#x",
+                "redis+unix:///run/r.sock?pass=***#x",
+            ),
+        ] {
+            assert_eq!(mask_url(url), masked);
+            let secrets = passwords([url].into_iter());
+            assert_eq!(secrets, ["S0ck3t"], "{url}");
+        }
+        assert_eq!(
+            mask_url("redis+unix:///run/r.sock?db=1"),
+            "redis+unix:///run/r.sock?db=1"
+        );
+        let secrets = passwords(["unix:///r.sock?pass=a%2Bb+c"].into_iter());
+        for form in ["a%2Bb+c", "a+b+c", "a+b c"] {
+            assert!(secrets.iter().any(|s| s == form), "{form} in {secrets:?}");
+        }
+    }
 
     #[test]
     fn passwords_are_masked() {
