@@ -36,8 +36,8 @@ use tokio_wheel_durable::{
 
 use crate::args::{Cli, Command, RecurringCommand, StateArg};
 use crate::show::{
-    clean, mask_url, passwords, scrub, state_name, stats_json, stats_table, task_block, task_json,
-    task_table,
+    clean, mask_url, passwords_in_args, scrub, state_name, stats_json, stats_table, task_block,
+    task_json, task_table,
 };
 use crate::units::{rfc3339, short};
 
@@ -68,15 +68,7 @@ fn main() -> ExitCode {
             .filter_map(|name| std::env::var(name).ok())
             .flat_map(|value| value.split(',').map(str::to_owned).collect::<Vec<String>>()),
     );
-    // Each comma-separated piece whole (a Unix socket URL's `?pass=` is in its query), and
-    // what follows its first `=` (`--redis=URL`).
-    let pieces: Vec<&str> = urls
-        .iter()
-        .flat_map(|arg| arg.split(','))
-        .flat_map(|piece| [Some(piece), piece.split_once('=').map(|(_, url)| url)])
-        .flatten()
-        .collect();
-    let secrets = passwords(pieces.into_iter());
+    let secrets = passwords_in_args(&urls);
 
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -239,6 +239,19 @@ fn mask_query_password(url: &str) -> String {
     }
 }
 
+/// The passwords any of these arguments or variables could carry (`--redis URL`,
+/// `--redis=URL`, comma-separated cluster URLs): each comma-separated piece whole (a Unix
+/// socket URL's `?pass=` is in its query, a password may hold `=`), and what follows its
+/// first `=`.
+pub(crate) fn passwords_in_args(args: &[String]) -> Vec<String> {
+    let pieces = args
+        .iter()
+        .flat_map(|arg| arg.split(','))
+        .flat_map(|piece| [Some(piece), piece.split_once('=').map(|(_, url)| url)])
+        .flatten();
+    passwords(pieces)
+}
+
 /// The passwords in these URLs, as written and percent-decoded (what must never be printed).
 pub(crate) fn passwords<'a>(urls: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut secrets = Vec::new();
@@ -344,6 +357,26 @@ mod tests {
         let secrets = passwords(["unix:///r.sock?pass=a%2Bb+c"].into_iter());
         for form in ["a%2Bb+c", "a+b+c", "a+b c"] {
             assert!(secrets.iter().any(|s| s == form), "{form} in {secrets:?}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_found_in_every_form_of_argument() {
+        let args = |list: &[&str]| list.iter().map(|arg| (*arg).to_owned()).collect::<Vec<_>>();
+        for (given, password) in [
+            (args(&["twq", "--redis", "redis://:a=bcd@h/"]), "a=bcd"),
+            (args(&["twq", "--redis=redis://:a=bcd@h/"]), "a=bcd"),
+            (
+                args(&["--cluster", "redis://h1/,redis://:Cl5tr@h2/"]),
+                "Cl5tr",
+            ),
+            (args(&["--redis=unix:///s.sock?pass=S0ck"]), "S0ck"),
+        ] {
+            let secrets = passwords_in_args(&given);
+            assert!(
+                secrets.iter().any(|s| s == password),
+                "{given:?}: {secrets:?}"
+            );
         }
     }
 
