@@ -215,8 +215,10 @@ async fn a_password_changed_under_a_running_queue_is_denied_at_once() {
     assert_no_password_in(&texts);
 }
 
-/// ACL users: one with every permission the queue needs, and three lacking one each — keys,
-/// scripts, or the wake channels (Redis 7 gives a new user no channels). The limited ones are
+/// ACL users: one with every permission the queue needs, and four lacking one each — keys,
+/// scripts, the wake channels (Redis 7 gives a new user no channels), or `TIME`, which the
+/// scripts call for the server's clock (an outside attack found that one admitted at open and
+/// refused at its first `schedule`, as an `Io` error). The limited ones are
 /// refused when the queue opens, with the server's NOPERM, not later at some call (or never:
 /// a worker that cannot subscribe would wait for wake-ups forever).
 #[tokio::test]
@@ -231,6 +233,7 @@ async fn acl_users_are_admitted_by_password_and_one_lacking_a_permission_is_deni
         ("nokeys", "&* +@all"),
         ("noscripts", "~* &* +@all -eval -evalsha"),
         ("nochannels", "~* resetchannels +@all"),
+        ("notime", "~* &* +@all -time"),
     ] {
         let password = if user == "worker" {
             WORKER_PASSWORD
@@ -276,6 +279,7 @@ async fn acl_users_are_admitted_by_password_and_one_lacking_a_permission_is_deni
         ("nokeys", "keys"),
         ("noscripts", "evalsha"),
         ("nochannels", "channels"),
+        ("notime", "time"),
     ] {
         let url = url_as(&server, &format!("{user}:{LIMITED_PASSWORD}@"));
         let error = denied(user, Builder::default(), &url, "acl", &wheel).await;

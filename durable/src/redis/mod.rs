@@ -227,7 +227,8 @@ pub(crate) async fn start(
 /// on every partition checks scripts and keys; an empty message on every wake channel checks
 /// channels (PUBLISH needs the same permission as SUBSCRIBE, whose refusal the redis crate
 /// does not report; listeners ignore empty messages, and this worker's own channel has no
-/// listener yet).
+/// listener yet). `TIME`, which every writing script calls for the server's clock, is asked
+/// once on its own: the read-only script does not call it.
 async fn check_permissions(shared: &Shared, channels: &[String], own: &str) -> Result<(), Error> {
     // Every partition: an ACL that admits partition 0's keys only would otherwise pass here
     // and fail later, on the tasks that hash elsewhere.
@@ -252,5 +253,11 @@ async fn check_permissions(shared: &Shared, channels: &[String], own: &str) -> R
             })
         });
     futures::future::try_join_all(probes).await?;
+    with_retries(&shared.link, |mut connection| async move {
+        redis::cmd("TIME")
+            .query_async::<(u64, u64)>(&mut connection)
+            .await
+    })
+    .await?;
     Ok(())
 }
