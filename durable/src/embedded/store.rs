@@ -16,11 +16,12 @@
 //! [`Store::transact`] all or nothing (the queue relies on a failed transaction leaving no
 //! trace). [`MemoryStore`] is a complete example in a few dozen lines.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -117,6 +118,11 @@ pub trait Store: Send + 'static {
     ///
     /// What `work` returned, or [`Error::Io`] when the transaction could not be committed.
     fn transact(&mut self, work: &mut Work<'_>) -> Result<(), Error>;
+
+    /// The queue stops using this store: it is dropped after at most one more transaction,
+    /// with no handle left to use it. A store that others may be waiting to open (a file)
+    /// can let them wait for the drop rather than refuse them. Does nothing by default.
+    fn closing(&self) {}
 }
 
 /// A store in memory: for tests, and for queues that need the API without durability.
@@ -222,8 +228,12 @@ const CACHE_BYTES: usize = 32 << 20;
 /// The embedded store: one [redb](https://docs.rs/redb) file.
 ///
 /// Opening takes the file's lock; a second open, in this process or another, fails with
-/// [`Error::Locked`]. A file that is not a task store is reported as [`Error::Corrupt`] and
-/// left untouched; an empty file becomes a new store. redb's page cache is limited to 32 MiB.
+/// [`Error::Locked`]. A store of this process whose queue is closing (its last handle just
+/// dropped: the engine returns buffered claims, then lets go of the file, in milliseconds) is
+/// waited for instead, at most 10 s, so an open right after the drop gets the file (open
+/// from a blocking context: [`DurableQueue::open`](crate::DurableQueue::open) does). A file
+/// that is not a task store is reported as [`Error::Corrupt`] and left untouched; an empty
+/// file becomes a new store. redb's page cache is limited to 32 MiB.
 pub struct RedbStore {
     /// `None` only between a failed reopen and the next try.
     database: Option<Database>,
@@ -244,20 +254,53 @@ impl fmt::Debug for RedbStore {
 }
 
 /// Paths this process has open: redb's file lock may not exclude a second open from the same
-/// process on every platform, so the queue refuses it itself.
-fn open_paths() -> &'static Mutex<HashSet<PathBuf>> {
-    static PATHS: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
-    PATHS.get_or_init(Default::default)
+/// process on every platform, so the queue refuses it itself. `true`: the store is closing
+/// (its last handle is gone), and an open waits for it to let go ([`CLOSING_WAIT`]).
+struct OpenPaths {
+    paths: Mutex<HashMap<PathBuf, bool>>,
+    released: Condvar,
 }
+
+fn open_paths() -> &'static OpenPaths {
+    static PATHS: OnceLock<OpenPaths> = OnceLock::new();
+    PATHS.get_or_init(|| OpenPaths {
+        paths: Mutex::default(),
+        released: Condvar::new(),
+    })
+}
+
+impl OpenPaths {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, bool>> {
+        self.paths.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims `path`: `false` if a store holds it. A store that is closing is waited for,
+    /// at most [`CLOSING_WAIT`].
+    fn claim(&self, path: &Path) -> bool {
+        let mut paths = self.lock();
+        let waited = self
+            .released
+            .wait_timeout_while(paths, CLOSING_WAIT, |paths| paths.get(path) == Some(&true));
+        paths = waited.unwrap_or_else(|e| e.into_inner()).0;
+        if paths.contains_key(path) {
+            return false;
+        }
+        paths.insert(path.to_owned(), false);
+        true
+    }
+}
+
+/// How long an open waits for a store of this process that is closing (its last handle
+/// dropped, its engine returning buffered claims and letting go of the file: milliseconds).
+/// Without it, an open right after the drop answered `Locked` for a few milliseconds.
+const CLOSING_WAIT: Duration = Duration::from_secs(10);
 
 struct PathClaim(PathBuf);
 
 impl Drop for PathClaim {
     fn drop(&mut self) {
-        open_paths()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.0);
+        open_paths().lock().remove(&self.0);
+        open_paths().released.notify_all();
     }
 }
 
@@ -298,11 +341,7 @@ impl RedbStore {
             .canonicalize()
             .map_err(|e| Error::Io(format!("{}: {e}", parent.display())))?
             .join(name);
-        if !open_paths()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(canonical.clone())
-        {
+        if !open_paths().claim(&canonical) {
             return Err(Error::Locked);
         }
         let claim = PathClaim(canonical);
@@ -464,6 +503,12 @@ impl Store for RedbStore {
             self.reopen = true;
         }
         result
+    }
+
+    fn closing(&self) {
+        if let Some(closing) = open_paths().lock().get_mut(&self.claim.0) {
+            *closing = true;
+        }
     }
 }
 

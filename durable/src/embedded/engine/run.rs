@@ -135,6 +135,11 @@ impl Engine {
             self.step(false).await;
         }
         tracing::debug!("durable queue engine stops; its tasks stay in the store");
+        if let Some(core) = &self.core {
+            // An open of the same file from now on waits for it rather than answering
+            // `Locked`: no handle will use this store again.
+            core.store.closing();
+        }
         // What is already queued first: a delivery its stream yielded just before the stop is
         // held, not buffered, and must not be returned. The rest is refused, so no caller
         // waits for an answer that never comes.
