@@ -18,6 +18,7 @@ use futures::SinkExt;
 use futures::channel::mpsc;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
+use hyper::client::conn::{http1, http2};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
@@ -100,42 +101,49 @@ async fn hyper_server(wheel: &Wheel, read: &Read) -> std::net::SocketAddr {
 
 type Upload = mpsc::Sender<Result<Frame<Bytes>, Infallible>>;
 
-/// An h2c client connection to `addr` with one upload under way, its response read whole:
-/// the upload's sender, the client's request sender (dropping it closes the client's side),
-/// and the connection's task, which ends when the server closes the connection.
-async fn h2_client(
+/// Which HTTP the client speaks.
+#[derive(Clone, Copy)]
+enum Http {
+    One,
+    /// h2c with prior knowledge.
+    Two,
+}
+
+/// A client connection to `addr` with one upload under way, its response read whole: the
+/// upload's sender, the client's request sender (dropping it closes the client's side), and
+/// the connection's task, which ends when the server closes the connection.
+async fn upload_client(
     addr: std::net::SocketAddr,
-) -> (
-    Upload,
-    hyper::client::conn::http2::SendRequest<
-        StreamBody<mpsc::Receiver<Result<Frame<Bytes>, Infallible>>>,
-    >,
-    JoinHandle<()>,
-) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut send, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    let connection = tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    http: Http,
+) -> (Upload, Box<dyn Send>, JoinHandle<()>) {
+    let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
     let (mut upload, frames) = mpsc::channel(4);
-    upload
-        .send(Ok(Frame::data(Bytes::from("first;"))))
-        .await
-        .unwrap();
+    let first = Ok(Frame::data(Bytes::from("first;")));
+    upload.send(first).await.unwrap();
     let request = Request::post("http://test/upload")
         .body(StreamBody::new(frames))
         .unwrap();
-    let response = send.send_request(request).await.unwrap();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let (response, sender, connection): (_, Box<dyn Send>, _) = match http {
+        Http::One => {
+            let (mut send, connection) = http1::handshake(io).await.unwrap();
+            let connection = tokio::spawn(async move { drop(connection.await) });
+            (send.send_request(request).await, Box::new(send), connection)
+        }
+        Http::Two => {
+            let executor = TokioExecutor::new();
+            let (mut send, connection) = http2::handshake(executor, io).await.unwrap();
+            let connection = tokio::spawn(async move { drop(connection.await) });
+            (send.send_request(request).await, Box::new(send), connection)
+        }
+    };
+    let body = response.unwrap().into_body().collect().await.unwrap();
+    let body = body.to_bytes();
     assert_eq!(
         &body[..],
         b"accepted",
         "the response comes before the upload ends"
     );
-    (upload, send, connection)
+    (upload, sender, connection)
 }
 
 /// Sends two more chunks, each after a pause longer than the idle timeout, checking the
@@ -164,19 +172,16 @@ async fn bytes_read(read: &Read) -> usize {
         .expect("the reader finished")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn axum_h2_upload_read_after_its_response_holds_the_connection() {
-    let wheel = Wheel::new();
-    let read = Read::default();
-    let addr = axum_server(&wheel, &read).await;
-    let (upload, _client, connection) = h2_client(addr).await;
+/// An h2c upload to `addr` paused twice past the idle timeout arrives whole, and the
+/// connection, idle once it ended, is then closed by itself.
+async fn h2_upload_is_held_then_let_go(addr: std::net::SocketAddr, read: &Read) {
+    let (upload, _client, connection) = upload_client(addr, Http::Two).await;
     let sent = pause_and_finish(upload, &connection).await;
     assert_eq!(
-        bytes_read(&read).await,
+        bytes_read(read).await,
         sent,
         "every byte of the upload arrived"
     );
-    // Nothing open any more: the connection goes idle and is closed by itself.
     tokio::time::timeout(GUARD, connection)
         .await
         .expect("an idle connection is closed once its upload ended")
@@ -184,21 +189,19 @@ async fn axum_h2_upload_read_after_its_response_holds_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_h2_upload_read_after_its_response_holds_the_connection() {
+    let wheel = Wheel::new();
+    let read = Read::default();
+    let addr = axum_server(&wheel, &read).await;
+    h2_upload_is_held_then_let_go(addr, &read).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyper_h2_upload_read_after_its_response_holds_the_connection_with_request_bodies() {
     let wheel = Wheel::new();
     let read = Read::default();
     let addr = hyper_server(&wheel, &read).await;
-    let (upload, _client, connection) = h2_client(addr).await;
-    let sent = pause_and_finish(upload, &connection).await;
-    assert_eq!(
-        bytes_read(&read).await,
-        sent,
-        "every byte of the upload arrived"
-    );
-    tokio::time::timeout(GUARD, connection)
-        .await
-        .expect("an idle connection is closed once its upload ended")
-        .unwrap();
+    h2_upload_is_held_then_let_go(addr, &read).await;
 }
 
 /// A request body the handler drops unread lets the connection go idle at once (HTTP/2
@@ -211,7 +214,7 @@ async fn axum_h2_upload_dropped_unread_lets_the_connection_go_idle() {
     let addr = tcp.local_addr().unwrap();
     let listener = IdleListener::new(tcp, &wheel, IDLE);
     tokio::spawn(axum::serve(listener, busy_aware(app)).into_future());
-    let (upload, _client, connection) = h2_client(addr).await;
+    let (upload, _client, connection) = upload_client(addr, Http::Two).await;
     tokio::time::timeout(GUARD, connection)
         .await
         .expect("nothing holds the connection once the handler dropped the body")
@@ -225,33 +228,11 @@ async fn axum_h1_upload_read_after_its_response_holds_the_connection() {
     let wheel = Wheel::new();
     let read = Read::default();
     let addr = axum_server(&wheel, &read).await;
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    let connection = tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let (mut upload, frames) = mpsc::channel(4);
-    upload
-        .send(Ok(Frame::data(Bytes::from("first;"))))
-        .await
-        .unwrap();
-    let request = Request::post("http://test/upload")
-        .body(StreamBody::new(frames))
-        .unwrap();
-    let response = send.send_request(request).await.unwrap();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(
-        &body[..],
-        b"accepted",
-        "the response comes before the upload ends"
-    );
+    let (upload, _client, connection) = upload_client(addr, Http::One).await;
     let sent = pause_and_finish(upload, &connection).await;
     assert_eq!(
         bytes_read(&read).await,
         sent,
         "every byte of the upload arrived"
     );
-    drop(send);
 }
