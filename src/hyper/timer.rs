@@ -22,8 +22,13 @@ use crate::{Sleep, Wheel};
 ///   ours.
 /// - [`now`](hyper::rt::Timer::now) is the wheel's clock, [`tokio::time::Instant::now`], so
 ///   `tokio::time::pause()` drives hyper's timeouts too.
-/// - After [`Wheel::shutdown`] its sleeps complete at once, as every sleep of the wheel does:
-///   hyper then sees its timeouts fire.
+/// - Sleeps pending when the wheel shuts down ([`Wheel::shutdown`]) complete at once, as every
+///   sleep of the wheel does: hyper then sees its timeouts fire. Sleeps made or reset after
+///   that run on Tokio's own timer (of the runtime they are made in, which must enable time,
+///   as hyper's own `TokioTimer` needs): a stopped wheel fires nothing, and a hyper loop that
+///   re-arms a fired sleep (hyper-util's pool idle task) would otherwise find it complete at
+///   every reset and spin without yielding (an outside attack saw it hold a current-thread
+///   runtime for good).
 ///
 /// ```
 /// use std::time::Duration;
@@ -68,17 +73,29 @@ impl HyperTimer {
     }
 }
 
+impl HyperTimer {
+    /// A sleep until `deadline`: on the wheel, or once the wheel stopped on Tokio's timer of
+    /// the runtime it is made in (outside any runtime, where hyper does not run, a wheel sleep
+    /// that completes at once).
+    fn sleep_at(&self, deadline: Instant) -> HyperSleep {
+        let on_tokio = self.wheel.is_shutdown() && tokio::runtime::Handle::try_current().is_ok();
+        let sleep = if on_tokio {
+            Inner::Tokio(Box::pin(tokio::time::sleep_until(deadline)))
+        } else {
+            Inner::Wheel(self.wheel.sleep_until(deadline))
+        };
+        HyperSleep { sleep }
+    }
+}
+
 impl ::hyper::rt::Timer for HyperTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn ::hyper::rt::Sleep>> {
-        Box::pin(HyperSleep {
-            sleep: self.wheel.sleep(duration),
-        })
+        let deadline = crate::timer::clock::saturating_add(Instant::now(), duration);
+        Box::pin(self.sleep_at(deadline))
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn ::hyper::rt::Sleep>> {
-        Box::pin(HyperSleep {
-            sleep: self.wheel.sleep_until(Instant::from_std(deadline)),
-        })
+        Box::pin(self.sleep_at(Instant::from_std(deadline)))
     }
 
     fn now(&self) -> std::time::Instant {
@@ -92,18 +109,16 @@ impl ::hyper::rt::Timer for HyperTimer {
     ) {
         let deadline = Instant::from_std(new_deadline);
         match sleep.as_mut().downcast_mut_pin::<HyperSleep>() {
-            Some(ours) => ours.get_mut().reset(deadline),
-            None => {
-                *sleep = Box::pin(HyperSleep {
-                    sleep: self.wheel.sleep_until(deadline),
-                })
-            }
+            Some(ours) if !self.wheel.is_shutdown() => ours.get_mut().reset(deadline),
+            Some(ours) => ours.get_mut().sleep = self.sleep_at(deadline).sleep,
+            None => *sleep = Box::pin(self.sleep_at(deadline)),
         }
     }
 }
 
 /// The sleep a [`HyperTimer`] hands hyper: a wheel [`Sleep`] that is `Send + Sync + Unpin`,
-/// as [`hyper::rt::Sleep`] requires.
+/// as [`hyper::rt::Sleep`] requires (or, made or reset once the wheel has stopped, a Tokio
+/// sleep: see [`HyperTimer`]).
 ///
 /// hyper sees it as a `Pin<Box<dyn hyper::rt::Sleep>>`; downcast it to read or move its
 /// deadline:
@@ -132,23 +147,39 @@ impl ::hyper::rt::Timer for HyperTimer {
 #[derive(Debug)]
 #[must_use = "futures do nothing unless you `.await` or poll them"]
 pub struct HyperSleep {
-    sleep: Sleep,
+    sleep: Inner,
+}
+
+#[derive(Debug)]
+enum Inner {
+    Wheel(Sleep),
+    /// Made or reset after the wheel stopped.
+    Tokio(Pin<Box<tokio::time::Sleep>>),
 }
 
 impl HyperSleep {
     /// The instant this sleep completes at.
     pub fn deadline(&self) -> Instant {
-        self.sleep.deadline()
+        match &self.sleep {
+            Inner::Wheel(sleep) => sleep.deadline(),
+            Inner::Tokio(sleep) => sleep.deadline(),
+        }
     }
 
     /// Whether the sleep has completed: its deadline passed, or the wheel shut down.
     pub fn is_elapsed(&self) -> bool {
-        self.sleep.is_elapsed()
+        match &self.sleep {
+            Inner::Wheel(sleep) => sleep.is_elapsed(),
+            Inner::Tokio(sleep) => sleep.is_elapsed(),
+        }
     }
 
     /// Moves the deadline, earlier or later, before or after completion ([`Sleep::reset`]).
     pub fn reset(&mut self, deadline: Instant) {
-        Pin::new(&mut self.sleep).reset(deadline);
+        match &mut self.sleep {
+            Inner::Wheel(sleep) => Pin::new(sleep).reset(deadline),
+            Inner::Tokio(sleep) => sleep.as_mut().reset(deadline),
+        }
     }
 }
 
@@ -156,7 +187,10 @@ impl Future for HyperSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        Pin::new(&mut self.get_mut().sleep).poll(cx)
+        match &mut self.get_mut().sleep {
+            Inner::Wheel(sleep) => Pin::new(sleep).poll(cx),
+            Inner::Tokio(sleep) => sleep.as_mut().poll(cx),
+        }
     }
 }
 
