@@ -273,7 +273,13 @@ impl Builder {
         .await
         // redb may panic on a file changed behind its back: that file is not a store.
         .map_err(|e| Error::Corrupt(format!("opening the store panicked: {e}")))??;
-        self.open_with_store(store, wheel).await
+        let path = store.path().to_owned();
+        let queue = self.open_with_store(store, wheel).await?;
+        // An open of the same file once every handle is gone waits for the store to close
+        // instead of answering `Locked` (the engine notices the drop a moment later).
+        let handles = queue.requests.downgrade();
+        crate::embedded::store::watch_handles(&path, move || handles.upgrade().is_none());
+        Ok(queue)
     }
 
     /// Connects to the Redis server at `url` and opens the queue `name` there, shared with

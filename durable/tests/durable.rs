@@ -396,9 +396,10 @@ async fn a_held_store_is_locked_until_released() {
         .expect("released by close");
     // Dropping every handle releases it too: the very next open gets it, although the
     // engine lets go of the file a few milliseconds later (an outside attack saw `Locked`
-    // for 4-28 ms after the drop; the open now waits for the closing store).
+    // for 4-28 ms after the drop; an open now waits for a store whose handles are gone,
+    // whether or not its engine has noticed yet).
     let mut queue = queue;
-    for round in 0..5 {
+    for round in 0..20 {
         let id = format!("r{round}");
         queue
             .schedule(Task::new("x").id(id.as_str()))

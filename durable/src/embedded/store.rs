@@ -245,6 +245,13 @@ pub struct RedbStore {
     claim: PathClaim,
 }
 
+impl RedbStore {
+    /// The store's path as this process's registry of open stores names it (canonical).
+    pub(crate) fn path(&self) -> &Path {
+        &self.claim.0
+    }
+}
+
 impl fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedbStore")
@@ -254,11 +261,43 @@ impl fmt::Debug for RedbStore {
 }
 
 /// Paths this process has open: redb's file lock may not exclude a second open from the same
-/// process on every platform, so the queue refuses it itself. `true`: the store is closing
-/// (its last handle is gone), and an open waits for it to let go ([`CLOSING_WAIT`]).
+/// process on every platform, so the queue refuses it itself. A store whose handles are all
+/// gone is closing, and an open waits for it to let go ([`CLOSING_WAIT`]).
 struct OpenPaths {
-    paths: Mutex<HashMap<PathBuf, bool>>,
+    paths: Mutex<HashMap<PathBuf, Claimed>>,
     released: Condvar,
+}
+
+/// What holds an open path.
+enum Claimed {
+    /// A store, with a way to tell whether every handle of its queue is gone (once a queue
+    /// has been made on it: [`watch_handles`]).
+    Held(Option<Box<dyn Fn() -> bool + Send>>),
+    /// Its engine said it is closing ([`Store::closing`]).
+    Closing,
+}
+
+impl Claimed {
+    /// Whether a handle may still use the store: an open must then be refused.
+    fn in_use(&self) -> bool {
+        match self {
+            Claimed::Held(None) => true,
+            Claimed::Held(Some(every_handle_gone)) => !every_handle_gone(),
+            Claimed::Closing => false,
+        }
+    }
+}
+
+/// The queue made on the store at `path` (as [`RedbStore::path`] names it) has no handle
+/// left once `every_handle_gone` says so: from then on an open of the path waits for the
+/// store to close, even before its engine has noticed (the last handle's drop wakes it, and
+/// it lets go of the file some milliseconds later).
+pub(crate) fn watch_handles(path: &Path, every_handle_gone: impl Fn() -> bool + Send + 'static) {
+    if let Some(claimed) = open_paths().lock().get_mut(path) {
+        if matches!(claimed, Claimed::Held(None)) {
+            *claimed = Claimed::Held(Some(Box::new(every_handle_gone)));
+        }
+    }
 }
 
 fn open_paths() -> &'static OpenPaths {
@@ -270,22 +309,24 @@ fn open_paths() -> &'static OpenPaths {
 }
 
 impl OpenPaths {
-    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, bool>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, Claimed>> {
         self.paths.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Claims `path`: `false` if a store holds it. A store that is closing is waited for,
-    /// at most [`CLOSING_WAIT`].
+    /// Claims `path`: `false` if a store holds it for a handle. A store that is closing is
+    /// waited for, at most [`CLOSING_WAIT`].
     fn claim(&self, path: &Path) -> bool {
         let mut paths = self.lock();
         let waited = self
             .released
-            .wait_timeout_while(paths, CLOSING_WAIT, |paths| paths.get(path) == Some(&true));
+            .wait_timeout_while(paths, CLOSING_WAIT, |paths| {
+                paths.get(path).is_some_and(|claimed| !claimed.in_use())
+            });
         paths = waited.unwrap_or_else(|e| e.into_inner()).0;
         if paths.contains_key(path) {
             return false;
         }
-        paths.insert(path.to_owned(), false);
+        paths.insert(path.to_owned(), Claimed::Held(None));
         true
     }
 }
@@ -506,8 +547,8 @@ impl Store for RedbStore {
     }
 
     fn closing(&self) {
-        if let Some(closing) = open_paths().lock().get_mut(&self.claim.0) {
-            *closing = true;
+        if let Some(claimed) = open_paths().lock().get_mut(&self.claim.0) {
+            *claimed = Claimed::Closing;
         }
     }
 }
