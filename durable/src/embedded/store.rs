@@ -293,10 +293,8 @@ impl Claimed {
 /// store to close, even before its engine has noticed (the last handle's drop wakes it, and
 /// it lets go of the file some milliseconds later).
 pub(crate) fn watch_handles(path: &Path, every_handle_gone: impl Fn() -> bool + Send + 'static) {
-    if let Some(claimed) = open_paths().lock().get_mut(path) {
-        if matches!(claimed, Claimed::Held(None)) {
-            *claimed = Claimed::Held(Some(Box::new(every_handle_gone)));
-        }
+    if let Some(claimed @ Claimed::Held(None)) = open_paths().lock().get_mut(path) {
+        *claimed = Claimed::Held(Some(Box::new(every_handle_gone)));
     }
 }
 
