@@ -226,6 +226,42 @@ async fn failover_and_a_killed_master_lose_no_scheduled_or_acked_task() {
     );
 }
 
+/// A handle opened before a `CLUSTER FAILOVER` goes on writing through it without a retry
+/// of the caller's: its old master answers `READONLY` now, and the handle reads the slot map
+/// afresh (outside attack: every later write failed with `Io("ReadOnly ...")` for good, and
+/// a task scheduled before the failover was never delivered by that handle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_opened_before_a_failover_writes_and_delivers_after_it() {
+    let _serial = SERIAL.lock().await;
+    let Some(cluster) = support::redis_cluster::start() else {
+        return;
+    };
+    let wheel = Wheel::new();
+    let queue = open(&cluster, Builder::default(), "demoted", &wheel).await;
+    let soon = Task::new("before")
+        .id("before")
+        .after(Duration::from_secs(2));
+    queue.schedule(soon).await.unwrap();
+    let master = cluster.master_of(cluster.slot_of("tw:{demoted}:due"));
+    tokio::task::block_in_place(|| cluster.failover(master));
+    queue
+        .schedule(Task::new("after").id("after"))
+        .await
+        .expect("a write after the failover, through the same handle");
+    let mut deliveries = queue.deliveries();
+    let mut acked = HashSet::new();
+    while acked.len() < 2 {
+        let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.next())
+            .await
+            .expect("both tasks are delivered by the handle")
+            .unwrap();
+        delivery.ack().await.expect("an ack after the failover");
+        acked.insert(delivery.id().to_string());
+    }
+    assert_eq!(acked, HashSet::from(["before".into(), "after".into()]));
+    assert_eq!(queue.len().await.unwrap(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_spread_over_the_masters_and_deliver_each_task_once_fairly() {
     let _serial = SERIAL.lock().await;

@@ -190,11 +190,16 @@ impl Probe {
 /// A queue's connection to its server or cluster. The redis crate's connection manager keeps
 /// a reconnect that failed other than by I/O (a refused `AUTH`) for good, answering every
 /// later command with that error; when the refusal was the server being busy, the link makes
-/// a new one.
+/// a new one. A cluster connection keeps its slot map until a `MOVED` corrects it, and a
+/// master demoted to a replica (a failover, or a reshard that took all its slots) answers
+/// writes with `READONLY` instead: the link then makes a new connection, which reads the
+/// cluster's slots afresh.
 pub(super) struct Link {
     current: std::sync::RwLock<Connection>,
     /// A single server's client, to make a new connection manager from.
     client: Option<redis::Client>,
+    /// A cluster's client, to make a new cluster connection from.
+    cluster: Option<redis::cluster::ClusterClient>,
     probe: Probe,
 }
 
@@ -202,13 +207,17 @@ impl Link {
     /// Connects (see [`connect`]).
     pub(super) async fn open(target: &Target) -> Result<Link, Error> {
         let connection = connect(target).await?;
-        let client = match target.cluster {
-            false => Some(client(&target.urls[0], target.tls_roots.as_deref())?),
-            true => None,
+        let (client, cluster) = match target.cluster {
+            false => (
+                Some(client(&target.urls[0], target.tls_roots.as_deref())?),
+                None,
+            ),
+            true => (None, Some(cluster_client(target)?)),
         };
         Ok(Link {
             current: std::sync::RwLock::new(connection),
             client,
+            cluster,
             probe: Probe::new(target)?,
         })
     }
@@ -225,6 +234,14 @@ impl Link {
             ConnectionManager::new_with_config(client.clone(), manager_config()).await
         {
             *self.current.write().expect("not poisoned") = Connection::Single(manager);
+        }
+    }
+
+    /// Replaces a cluster connection with one that reads the slot map afresh, if it connects.
+    async fn renew_cluster(&self) {
+        let Some(cluster) = &self.cluster else { return };
+        if let Ok(connection) = cluster.get_async_connection().await {
+            *self.current.write().expect("not poisoned") = Connection::Cluster(connection);
         }
     }
 }
@@ -256,12 +273,19 @@ where
             Err(error) => error,
         };
         let refused_auth = matches!(error.kind(), redis::ErrorKind::AuthenticationFailed);
+        // A write refused by a former master: nothing was applied, and a fresh slot map
+        // names the new one.
+        let demoted = link.cluster.is_some()
+            && matches!(
+                error.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            );
         let judged = if refused_auth {
             link.probe.refusal(&error).await
         } else {
             classify(&error)
         };
-        if !is_transient(&error) || judged.is_denied() {
+        if (!is_transient(&error) && !demoted) || judged.is_denied() {
             return Err(match judged {
                 Error::Unreachable(text) if !is_busy(&error) => Error::Io(text),
                 other => other,
@@ -274,6 +298,10 @@ where
         tokio::time::sleep(delay).await;
         if refused_auth {
             link.renew().await;
+        }
+        if demoted {
+            tracing::info!(%error, "a cluster master was demoted; reading the slot map again");
+            link.renew_cluster().await;
         }
         delay = (delay * 2).min(RETRY_BACKOFF.1);
     }

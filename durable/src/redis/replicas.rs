@@ -121,10 +121,19 @@ impl Waiting {
                 let result = self
                     .run(&mut connection, part, script, keys, args, again, timeout)
                     .await;
-                // A connection that failed on the way is dropped; one that answered is kept.
+                // A connection that failed on the way is dropped; one that answered is kept,
+                // unless a demoted master answered (`READONLY`): a new connection reads the
+                // cluster's slot map afresh.
                 let answered = match &result {
                     Ok(_) => true,
-                    Err(error) => !error.is_io_error() && !error.is_timeout(),
+                    Err(error) => {
+                        !error.is_io_error()
+                            && !error.is_timeout()
+                            && !matches!(
+                                error.kind(),
+                                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                            )
+                    }
                 };
                 if answered {
                     self.free.lock().expect("not poisoned").push(connection);
