@@ -229,8 +229,9 @@ impl DurableQueue {
         Ok(self.len().await? == 0)
     }
 
-    /// Every dead letter with its payload, in the order they died. This reads the whole set
-    /// (in pages of 1000 on Redis, so the server is never blocked): prefer
+    /// Every dead letter with its payload, in the order they died (on a Redis queue with
+    /// `partitions`, one partition after another, in that order within each). This reads
+    /// the whole set (in pages of 1000 on Redis, so the server is never blocked): prefer
     /// [`dead_letters_page`](DurableQueue::dead_letters_page) for long lists.
     ///
     /// # Errors
@@ -285,7 +286,8 @@ impl DurableQueue {
     /// where it is now: if the task named by `after` itself moved within its state (say, was
     /// rescheduled later), the next page continues from its new place and the tasks it passed
     /// are not listed, so list again from the start after moving the task you page by.
-    /// In flight, claims still waiting in a stream's buffer come after the deliveries handed
+    /// On a Redis queue with `partitions` the list goes one partition after another, in
+    /// order within each. In flight, claims still waiting in a stream's buffer come after the deliveries handed
     /// out (embedded store, in id order); on Redis they are kept alive by renewals and move
     /// like extended leases.
     ///
@@ -372,7 +374,8 @@ impl DurableQueue {
     }
 
     /// A page of at most `limit` dead letters (capped at [`PAGE_LIMIT`]) with their
-    /// payloads, in the order they died, after the dead letter `after`.
+    /// payloads, in the order they died, after the dead letter `after` (on a Redis queue with
+    /// `partitions`, one partition after another, in that order within each).
     ///
     /// # Errors
     ///
