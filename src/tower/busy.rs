@@ -290,14 +290,22 @@ where
         let this = self.project();
         let outcome = std::task::ready!(this.inner.poll(cx));
         let busy = this.busy.take();
-        Poll::Ready(outcome.map(|response| response.map(|body| BusyBody::new(body, busy))))
+        Poll::Ready(outcome.map(|response| response.map(|body| BusyBody::response(body, busy))))
     }
 }
 
 pin_project! {
-    /// A body — a response's, or with [`BusyLayer::with_request_bodies`] a request's — that
-    /// holds its connection busy until it has yielded its last frame (or an error), or is
-    /// dropped — whichever comes first.
+    /// A body that holds its connection busy while it is in progress: a request's (with
+    /// [`BusyLayer::with_request_bodies`]) until it has yielded its last frame; a response's
+    /// (from [`BusyService`]) until the connection's [`IdleIo`](crate::hyper::IdleIo) next
+    /// completes a flush after that, so an HTTP/1 client that reads the response slowly holds
+    /// the connection until the bytes are written — or until it yields an error or is
+    /// dropped, whichever comes first.
+    ///
+    /// Not covered: an HTTP/2 response whose last frame waits in the connection for the
+    /// client's flow-control window (the client reads nothing for longer than the idle
+    /// timeout while the stream is open). hyper tells nothing of a stream's window, and the
+    /// IO sees no byte move either way; such a connection is closed as idle.
     ///
     /// Frames, trailers, `is_end_stream` and `size_hint` are the inner body's, unchanged.
     #[derive(Debug)]
@@ -305,14 +313,29 @@ pin_project! {
         #[pin]
         inner: B,
         busy: Option<Busy>,
+        // A response: at its end, its guard goes at the connection's next flush.
+        until_flushed: bool,
     }
 }
 
 impl<B: Body> BusyBody<B> {
-    /// `inner`, holding `busy` until it ends; a body already at its end lets go at once.
+    /// `inner`, holding `busy` until it ends (a request body's way); a body already at its
+    /// end lets go at once.
     pub fn new(inner: B, busy: Option<Busy>) -> BusyBody<B> {
         let busy = busy.filter(|_| !inner.is_end_stream());
-        BusyBody { inner, busy }
+        BusyBody {
+            inner,
+            busy,
+            until_flushed: false,
+        }
+    }
+
+    /// `inner` as a response, holding `busy` until the connection has written its end.
+    pub(crate) fn response(inner: B, busy: Option<Busy>) -> BusyBody<B> {
+        BusyBody {
+            until_flushed: true,
+            ..BusyBody::new(inner, busy)
+        }
     }
 }
 
@@ -338,13 +361,19 @@ impl<B: Body> Body for BusyBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let mut this = self.project();
         let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
-        let ended = match &frame {
-            Some(Ok(_)) => this.inner.is_end_stream(),
+        let at_end = match &frame {
+            Some(Ok(_)) => this.inner.is_end_stream() || this.inner.size_hint().exact() == Some(0),
             Some(Err(_)) | None => true,
         };
-        if ended {
-            // Traffic follows (hyper writes the frame), and the release itself touches.
-            this.busy.take();
+        if at_end {
+            if let Some(mut busy) = this.busy.take() {
+                if *this.until_flushed && !matches!(frame, Some(Err(_))) {
+                    // The connection holds the rest of the response now: the guard goes at
+                    // the IO's next completed flush, once the bytes are written.
+                    busy.release_after_flush();
+                }
+                // Else traffic follows (hyper writes the frame), and the release touches.
+            }
         }
         Poll::Ready(frame)
     }

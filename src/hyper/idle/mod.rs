@@ -180,6 +180,8 @@ pub struct IdleHandle {
 pub struct Busy {
     idle: Arc<Idle>,
     clock: IdleClock,
+    /// Released at the IO's next completed flush rather than at once.
+    until_flushed: bool,
 }
 
 /// Why an `IdleIo` closed.
@@ -264,6 +266,13 @@ impl Watch {
     /// A read or write moved bytes: traffic.
     fn moved(&mut self) {
         self.idle.moved(self.group.clock().now());
+    }
+
+    /// A flush completed: guards waiting for one go (see [`Busy::release_after_flush`]).
+    fn flushed(&mut self) {
+        if self.idle.flushed(self.group.clock().now()) {
+            self.idle.wake();
+        }
     }
 
     fn close(&mut self, why: Closed) -> io::Error {
@@ -433,6 +442,12 @@ impl<T: AsyncWrite> AsyncWrite for IdleIo<T> {
                 this.watch.idle.register_write(cx.waker());
                 this.watch.poll_idle().map(Err)
             }
+            Poll::Ready(Ok(())) => {
+                // What was handed over before this flush is written: responses that ended
+                // before it let go of the connection now.
+                this.watch.flushed();
+                Poll::Ready(Ok(()))
+            }
             other => other,
         }
     }
@@ -455,6 +470,7 @@ impl IdleHandle {
         Busy {
             idle: self.idle.clone(),
             clock: self.clock,
+            until_flushed: false,
         }
     }
 
@@ -481,8 +497,21 @@ impl IdleHandle {
     }
 }
 
+impl Busy {
+    /// When this guard drops, it lets go of the connection only at the IO's next completed
+    /// flush, not at once: for a response its connection has been handed in full but may not
+    /// have written yet (a peer reading slowly).
+    pub(crate) fn release_after_flush(&mut self) {
+        self.until_flushed = true;
+    }
+}
+
 impl Drop for Busy {
     fn drop(&mut self) {
+        if self.until_flushed {
+            self.idle.hold_until_flushed();
+            return;
+        }
         if self.idle.release(self.clock.now()) {
             // The IO found the connection busy and parked on it: it looks again, and decides.
             self.idle.wake();

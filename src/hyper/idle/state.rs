@@ -98,6 +98,10 @@ pub(super) struct Idle {
     timeout: u64,
     /// Live guards and the flags above.
     status: AtomicU32,
+    /// Guards whose release waits for the IO's next completed flush (a response handed to
+    /// the connection but perhaps not yet written: [`hold_until_flushed`](Idle::hold_until_flushed)).
+    /// Each still counts in `status`.
+    unflushed: AtomicU32,
     /// The task waiting on a read.
     read: AtomicWaker,
     /// The task waiting on a write or flush, if one ever did: made then, since most
@@ -134,6 +138,7 @@ impl Idle {
             activity: AtomicU64::new(activity),
             timeout: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             status: AtomicU32::new(status),
+            unflushed: AtomicU32::new(0),
             read: AtomicWaker::new(),
             write: OnceBox::new(),
         }
@@ -203,6 +208,26 @@ impl Idle {
         before & BUSY == 1
             && before & PARKED != 0
             && self.status.fetch_and(!PARKED, Ordering::AcqRel) & PARKED != 0
+    }
+
+    /// A guard whose release waits for the IO's next completed flush: it stays counted.
+    pub(super) fn hold_until_flushed(&self) {
+        self.unflushed.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The IO completed a flush at `now`: releases the guards that waited for it. True if the
+    /// last one went and the IO had parked on it (so the caller wakes the IO).
+    pub(super) fn flushed(&self, now: u64) -> bool {
+        // A load first: most flushes find nothing held, and then write no shared line.
+        if self.unflushed.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let held = self.unflushed.swap(0, Ordering::AcqRel);
+        let mut wake = false;
+        for _ in 0..held {
+            wake |= self.release(now);
+        }
+        wake
     }
 
     /// The IO, finding the block unfiled with `status`, parks it if a request is in progress.
