@@ -43,7 +43,9 @@ pin_project! {
     ///   served.
     /// - **How it ends:** the pending read answers an [`io::Error`] of kind
     ///   [`TimedOut`](io::ErrorKind::TimedOut); so does a pending write or flush (a peer that
-    ///   stopped reading is idle too). From then on every read and write answers `TimedOut`
+    ///   stopped reading is idle too — unless a request is in progress: with
+    ///   [`BusyLayer`](crate::tower::BusyLayer), a response holds the connection until a
+    ///   flush after its last frame completes, so until the peer has taken it). From then on every read and write answers `TimedOut`
     ///   without touching the inner IO; `poll_shutdown` (and `poll_flush`) still reach it, so
     ///   it can be shut down cleanly. hyper then drops the connection.
     /// - **Errors of the inner IO** pass through unchanged (and are not traffic).
