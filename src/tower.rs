@@ -46,6 +46,7 @@ use crate::{Elapsed, Wheel};
 
 #[cfg(feature = "hyper")]
 mod busy;
+#[cfg(feature = "axum")]
 pub(crate) use busy::hold_request_body;
 #[cfg(feature = "hyper")]
 pub use busy::{

@@ -503,6 +503,7 @@ impl Busy {
     /// When this guard drops, it lets go of the connection only at the IO's next completed
     /// flush, not at once: for a response its connection has been handed in full but may not
     /// have written yet (a peer reading slowly).
+    #[cfg(feature = "tower")]
     pub(crate) fn release_after_flush(&mut self) {
         self.until_flushed = true;
     }
