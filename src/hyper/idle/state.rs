@@ -380,6 +380,32 @@ mod loom_model {
         });
     }
 
+    /// A response's guard handed to the next flush while the IO flushes and then parks:
+    /// the guard is released by this flush or by the next one, never lost, never twice;
+    /// and an IO parked on it is woken by the flush that lets it go.
+    #[test]
+    fn loom_model_a_guard_waiting_for_a_flush_is_released_by_one_flush() {
+        loom::model(|| {
+            let idle = Arc::new(Idle::new(0, 0, Duration::from_nanos(100)));
+            idle.acquire();
+            let body = {
+                let idle = idle.clone();
+                thread::spawn(move || idle.hold_until_flushed())
+            };
+            let first = idle.flushed(10);
+            let parked = park(&idle);
+            body.join().unwrap();
+            // The write that the held response needs flushes again.
+            let second = idle.flushed(20);
+            assert_eq!(idle.busy_count(), 0, "the guard outlived two flushes");
+            // A wake is owed exactly when the IO parked on the guard and a flush let it go.
+            assert_eq!(
+                usize::from(first) + usize::from(second),
+                usize::from(parked)
+            );
+        });
+    }
+
     /// The IO is dropped while the sweeper looks: the group counts the block as dropped
     /// exactly when the sweeper (now or at a later look) finds it so, never otherwise.
     #[test]
