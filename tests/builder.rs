@@ -43,10 +43,12 @@ async fn bad_configurations_are_errors_not_panics() {
         BuildError::ZeroTick
     );
     let huge = Duration::from_secs(10 * 365 * 86_400);
-    assert!(matches!(
-        Wheel::builder().tick(huge).try_build(),
-        Err(BuildError::InvalidLayout(_))
-    ));
+    let error = Wheel::builder().tick(huge).try_build().unwrap_err();
+    assert!(matches!(error, BuildError::InvalidLayout(_)));
+    // Each says what to change (outside attack: these two named only the problem).
+    assert!(error.to_string().contains("tick under a year"), "{error}");
+    let error = Layout::custom(&[4_096; 6]).unwrap_err();
+    assert!(error.to_string().contains("fewer levels"), "{error}");
     for levels in [&[][..], &[1], &[64, 0], &[5_000], &[2; 17]] {
         let error = Layout::custom(levels).unwrap_err();
         assert!(matches!(error, BuildError::InvalidLayout(_)), "{levels:?}");
@@ -54,6 +56,32 @@ async fn bad_configurations_are_errors_not_panics() {
             error.to_string().starts_with("invalid wheel layout: "),
             "{error}"
         );
+    }
+}
+
+/// A tick past what nanoseconds in a `u64` hold (~292 years), up to `Duration::MAX`, with a
+/// layout that accepts it: no overflow in the actor, and a `Duration::MAX` sleep stays
+/// pending (outside attack: the actor panicked on `2 * tick`, the wheel stopped, and the
+/// sleep completed after a second).
+#[tokio::test(start_paused = true)]
+async fn ticks_of_centuries_saturate_and_never_fire_early() {
+    const YEAR: u64 = 365 * 86_400;
+    for tick in [
+        Duration::from_secs(200 * YEAR),
+        Duration::from_secs(300 * YEAR),
+        Duration::MAX,
+    ] {
+        let wheel = Wheel::builder()
+            .tick(tick)
+            .layout(Layout::binary())
+            .try_build()
+            .unwrap();
+        let mut forever = Box::pin(wheel.sleep(Duration::MAX));
+        assert!(futures::poll!(forever.as_mut()).is_pending());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        tokio::task::yield_now().await;
+        assert!(futures::poll!(forever.as_mut()).is_pending(), "{tick:?}");
+        assert!(!wheel.is_shutdown(), "{tick:?}: the actor stopped");
     }
 }
 

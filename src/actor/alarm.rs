@@ -86,7 +86,7 @@ impl Alarm {
             _ => 0,
         };
         self.arm(main, wake, clock);
-        if wake <= now.saturating_add(2 * lead) {
+        if wake <= now.saturating_add(lead.saturating_mul(2)) {
             // Firing densely: the next wake-up is likely a tick after this one.
             self.arm(1 - main, wake.saturating_add(lead), clock);
         } else {

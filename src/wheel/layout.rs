@@ -138,7 +138,9 @@ fn clock_levels(tick_nanos: u128) -> Vec<u32> {
 fn validate(levels: &[u32]) -> Result<(), BuildError> {
     if levels.is_empty() {
         return Err(BuildError::InvalidLayout(
-            "a layout needs at least one level (is the tick longer than a year?)".into(),
+            "a layout needs at least one level: give `Layout::custom` one or more, or, with \
+             `Layout::clock()`, use a tick under a year (or another layout)"
+                .into(),
         ));
     }
     if levels.len() > MAX_LEVELS {
@@ -155,7 +157,11 @@ fn validate(levels: &[u32]) -> Result<(), BuildError> {
             )));
         }
         span = span.checked_mul(u64::from(slots)).ok_or_else(|| {
-            BuildError::InvalidLayout("the levels together span more than u64::MAX ticks".into())
+            BuildError::InvalidLayout(
+                "the levels together span more than u64::MAX ticks: use fewer levels or \
+                 fewer slots per level"
+                    .into(),
+            )
         })?;
     }
     Ok(())
