@@ -272,7 +272,7 @@ impl Watch {
 
     /// A flush completed: guards waiting for one go (see [`Busy::release_after_flush`]).
     fn flushed(&mut self) {
-        if self.idle.flushed(self.group.clock().now()) {
+        if self.idle.flushed(|| self.group.clock().now()) {
             self.idle.wake();
         }
     }

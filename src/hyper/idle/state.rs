@@ -215,14 +215,17 @@ impl Idle {
         self.unflushed.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The IO completed a flush at `now`: releases the guards that waited for it. True if the
-    /// last one went and the IO had parked on it (so the caller wakes the IO).
-    pub(super) fn flushed(&self, now: u64) -> bool {
-        // A load first: most flushes find nothing held, and then write no shared line.
+    /// The IO completed a flush (at `now()`, read only if needed): releases the guards that
+    /// waited for it. True if the last one went and the IO had parked on it (so the caller
+    /// wakes the IO).
+    pub(super) fn flushed(&self, now: impl FnOnce() -> u64) -> bool {
+        // A load first: most flushes find nothing held, and then read no clock and write no
+        // shared line.
         if self.unflushed.load(Ordering::Acquire) == 0 {
             return false;
         }
         let held = self.unflushed.swap(0, Ordering::AcqRel);
+        let now = now();
         let mut wake = false;
         for _ in 0..held {
             wake |= self.release(now);
@@ -392,11 +395,11 @@ mod loom_model {
                 let idle = idle.clone();
                 thread::spawn(move || idle.hold_until_flushed())
             };
-            let first = idle.flushed(10);
+            let first = idle.flushed(|| 10);
             let parked = park(&idle);
             body.join().unwrap();
             // The write that the held response needs flushes again.
-            let second = idle.flushed(20);
+            let second = idle.flushed(|| 20);
             assert_eq!(idle.busy_count(), 0, "the guard outlived two flushes");
             // A wake is owed exactly when the IO parked on the guard and a flush let it go.
             assert_eq!(
